@@ -1,0 +1,3 @@
+from turnrl.agent.chat import ChatRenderer
+
+__all__ = ["ChatRenderer"]

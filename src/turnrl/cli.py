@@ -1,0 +1,131 @@
+"""`turnrl train | eval | play | envs`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", help="YAML config file (see configs/)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-5 rollout.group_size=8")
+    p.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
+
+
+def _load(args):
+    from turnrl.config import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def cmd_train(args) -> int:
+    from turnrl.train import train
+
+    if args.resume:
+        from turnrl.config import load_config
+
+        run = Path(args.resume)
+        if not (run / "config.yaml").exists():
+            raise SystemExit(f"error: {run} is not a run directory (no config.yaml)")
+        cfg = load_config(run / "config.yaml", args.overrides)
+        run_dir = train(cfg, resume=run)
+    else:
+        cfg = _load(args)
+        run_dir = train(cfg)
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from turnrl.train import build, evaluate
+
+    cfg = _load(args)
+    if args.checkpoint:
+        ckpt = Path(args.checkpoint)
+        if (ckpt / "checkpoints" / "latest").exists():  # a run directory: take its latest checkpoint
+            from turnrl.checkpoint import latest_checkpoint
+
+            ckpt = latest_checkpoint(ckpt)
+        model_dir = ckpt / "model" if (ckpt / "model").exists() else ckpt
+        cfg.model.path = str(model_dir)
+    c = build(cfg)
+    m = evaluate(c)
+    rate, lo, hi = m["eval/success_rate"], m["eval/success_ci_low"], m["eval/success_ci_high"]
+    print(f"{cfg.env.id}: success {rate:.3f} (95% CI {lo:.3f}-{hi:.3f}) over {int(m['eval/num_tasks'])} held-out tasks; "
+          f"valid actions {m['eval/valid_action_rate']:.3f}")
+    if args.json:
+        print(json.dumps(m))
+    return 0
+
+
+def cmd_play(args) -> int:
+    import yaml
+
+    from turnrl.play import play
+
+    kwargs = {}
+    for item in args.kwargs:
+        if "=" not in item:
+            raise SystemExit(f"error: env argument '{item}' is not key=value (example: slippery=true)")
+        k, v = item.split("=", 1)
+        kwargs[k] = yaml.safe_load(v)
+    play(args.env, seed=args.seed, **kwargs)
+    return 0
+
+
+def cmd_envs(args) -> int:
+    from turnrl.envs import registered
+
+    envs = registered()
+    width = max(len(k) for k in envs) if envs else 0
+    for env_id, desc in sorted(envs.items()):
+        print(f"{env_id:<{width}}  {desc}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="turnrl", description="Reinforcement learning for multi-turn LLM agents")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("train", help="train a policy (default: the embedded SmolLM2-135M on FrozenLake)")
+    _add_config_args(p)
+    p.add_argument("--resume", metavar="RUN", help="continue the run in this run directory from its latest checkpoint")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("eval", help="success rate (with a 95%% interval) of a checkpoint or the base model on held-out seeds")
+    _add_config_args(p)
+    p.add_argument("--checkpoint", help="a checkpoint directory or a run directory (its latest checkpoint)")
+    p.add_argument("--json", action="store_true", help="also print every eval metric as JSON")
+    p.set_defaults(fn=cmd_eval)
+
+    p = sub.add_parser("play", help="play an env yourself in the terminal")
+    p.add_argument("env", help="env id, e.g. frozenlake-v0")
+    p.add_argument("kwargs", nargs="*", help="env arguments as key=value, e.g. slippery=true")
+    p.add_argument("--seed", type=int, default=None)
+    p.set_defaults(fn=cmd_play)
+
+    p = sub.add_parser("envs", help="list registered environments")
+    p.set_defaults(fn=cmd_envs)
+
+    args = parser.parse_args(argv)
+    if getattr(args, "help_config", False):
+        from turnrl.config import config_help
+
+        print(config_help())
+        return 0
+    from turnrl.config import ConfigError
+
+    try:
+        return args.fn(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; the last checkpoint is intact (resume with `turnrl train --resume RUN`)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

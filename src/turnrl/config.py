@@ -1,0 +1,223 @@
+"""One typed config for `turnrl train` / `turnrl eval`: YAML files plus ``key=value`` overrides.
+
+Every field is documented here and nowhere else; ``turnrl train --help-config`` prints these docs.
+Validation happens before any work: an unknown key or a bad value stops with a message that names the
+key and, for a typo, the closest valid key.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid. The message names the key and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str = Field("default", description="'default' (embedded SmolLM2-135M-Instruct) or a local HF model directory")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the master weights")
+    autocast_bf16: bool = Field(True, description="run forward passes (generation and training) under bf16 autocast on CPU")
+    reference: bool = Field(False, description="keep a frozen reference copy for KL (needed when algo.kl_coef > 0)")
+
+
+class EnvConfig(_Section):
+    id: str = Field("frozenlake-v0", description="registered env id, see `turnrl envs`")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the env constructor / wrappers")
+    max_turns: int = Field(8, ge=1, description="turn limit per episode (truncation)")
+    invalid_penalty: float = Field(0.1, ge=0.0, description="reward penalty for a turn with no valid action")
+
+
+class RolloutConfig(_Section):
+    tasks_per_step: int = Field(4, ge=1, description="distinct tasks (seeds) per training step")
+    group_size: int = Field(8, ge=1, description="episodes per task (GRPO group size)")
+    context: Literal["per_step", "full"] = Field(
+        "per_step", description="'per_step': rebuild the prompt each turn (flat context); 'full': one growing conversation"
+    )
+    history_turns: int = Field(0, ge=0, description="per_step: previous turns kept in the prompt")
+    few_shot: bool = Field(True, description="put the env's example exchanges before the real turn")
+    max_new_tokens: int = Field(12, ge=1, description="per-turn response token limit")
+    max_context_tokens: int = Field(2048, ge=16, description="prompt budget; a longer prompt truncates the episode (context)")
+    temperature: float = Field(1.0, gt=0.0, description="sampling temperature (the learner uses the same)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling; <1 makes sampling differ from the trained distribution")
+    top_k: int = Field(0, ge=0, description="top-k sampling (0 = off)")
+
+
+class AlgoConfig(_Section):
+    estimator: str = Field("grpo", description="advantage estimator, see `turnrl.credit.available_estimators()`")
+    norm_std: bool = Field(True, description="GRPO: divide by the group std (False = Dr.GRPO)")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="turn discount for estimators that use per-turn returns")
+    clip_low: float = Field(0.2, ge=0.0, description="PPO ratio clip below 1")
+    clip_high: float = Field(0.28, ge=0.0, description="PPO ratio clip above 1 (DAPO clip-higher)")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
+        "token-mean", description="how per-token losses are aggregated"
+    )
+    kl_coef: float = Field(0.0, ge=0.0, description="KL-to-reference loss coefficient (0 = off)")
+    kl_type: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator")
+    ppo_epochs: int = Field(1, ge=1, description="passes over each batch")
+    skip_zero_advantage: bool = Field(
+        True, description="drop samples whose advantages are all zero (no policy gradient) before training"
+    )
+
+
+class TrainConfig(_Section):
+    steps: int = Field(40, ge=0, description="training steps (collect -> advantages -> update)")
+    lr: float = Field(2e-5, gt=0.0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = Field((0.9, 0.99))
+    warmup_steps: int = Field(0, ge=0, description="linear LR warm-up steps")
+    grad_clip: float = Field(1.0, gt=0.0, description="max global gradient norm")
+    micro_batch_tokens: int = Field(4096, ge=64, description="token budget of one micro-batch (gradient accumulation)")
+    seed: int = Field(0, description="seed of every RNG (sampling, task order, init)")
+    seed_start: int = Field(0, ge=0, description="first training task seed; tasks are seed_start, seed_start+1, ...")
+    max_minutes: float = Field(0.0, ge=0.0, description="stop (and evaluate) after this wall time; 0 = no limit")
+    threads: int = Field(0, ge=0, description="torch threads (0 = all cores)")
+
+
+class EvalConfig(_Section):
+    every: int = Field(5, ge=0, description="evaluate every N steps (0 = only at start and end)")
+    num_tasks: int = Field(64, ge=1, description="held-out tasks per evaluation")
+    seed_start: int = Field(1_000_000, ge=0, description="first eval seed; must not overlap training seeds")
+    greedy: bool = Field(True, description="greedy decoding in evaluation")
+    at_start: bool = Field(True, description="evaluate the untrained model before step 1")
+
+
+class LogConfig(_Section):
+    run_dir: str = Field("runs", description="parent directory of run directories")
+    name: str = Field("", description="run name (default: env-estimator-timestamp)")
+    tensorboard: bool = Field(True)
+    progress: bool = Field(True, description="show a progress bar")
+    checkpoint_every: int = Field(10, ge=0, description="save a checkpoint every N steps (0 = only at the end)")
+    keep_checkpoints: int = Field(2, ge=1, description="how many recent checkpoints to keep")
+    sample_trajectories: int = Field(4, ge=0, description="trajectories per step written to trajectories.jsonl")
+
+
+class Config(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Config":
+        if self.algo.kl_coef > 0 and not self.model.reference:
+            raise ValueError("algo.kl_coef > 0 needs a reference model: set model.reference=true")
+        train_end = self.train.seed_start + self.train.steps * self.rollout.tasks_per_step
+        if self.train.seed_start <= self.eval.seed_start < train_end:
+            raise ValueError(
+                f"eval.seed_start={self.eval.seed_start} overlaps training seeds [{self.train.seed_start}, {train_end}): "
+                "held-out evaluation must use unseen seeds; raise eval.seed_start"
+            )
+        return self
+
+
+def _all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys.extend(_all_keys(ann, f"{prefix}{name}."))
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def valid_keys() -> list[str]:
+    return _all_keys(Config)
+
+
+def _closest(key: str) -> str:
+    keys = valid_keys()
+    match = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
+    if not match:  # try on the last component alone: `lr` -> `train.lr`
+        leaf = key.rsplit(".", 1)[-1]
+        match = [k for k in keys if k.rsplit(".", 1)[-1] == leaf] or difflib.get_close_matches(
+            leaf, [k.rsplit(".", 1)[-1] for k in keys], n=1, cutoff=0.6
+        )
+        if match and "." not in match[0]:
+            match = [k for k in keys if k.endswith("." + match[0])]
+    return f" Did you mean '{match[0]}'?" if match else ""
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"'{key}': '{p}' is a value, not a section.{_closest(key)}")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' is not key=value (example: train.lr=1e-5)")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key.startswith("env.kwargs.") and key not in valid_keys():
+        raise ConfigError(f"unknown config key '{key}'.{_closest(key)} Run `turnrl train --help-config` for all keys.")
+    return key, yaml.safe_load(raw) if raw != "" else ""
+
+
+def _format_validation(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown config key '{key}'.{_closest(key)}")
+        elif key:
+            lines.append(f"'{key}': {e['msg']} (got {e.get('input')!r})")
+        else:
+            lines.append(e["msg"].removeprefix("Value error, "))
+    return "invalid config: " + "; ".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Build the config from an optional YAML file and ``key=value`` overrides (later wins)."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            tree = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(tree).__name__}")
+    for item in overrides:
+        key, value = _parse_override(item)
+        _set_dotted(tree, key, value)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e)) from None
+
+
+def config_help() -> str:
+    lines = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, f"{prefix}{name}.")
+            else:
+                default = field.default if field.default_factory is None else field.default_factory()
+                lines.append(f"  {prefix}{name} = {default!r}\n      {field.description or ''}")
+
+    walk(Config, "")
+    return "\n".join(lines)

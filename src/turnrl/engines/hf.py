@@ -1,0 +1,155 @@
+"""The reference engine: batched sampling with a Hugging Face causal LM, in process.
+
+It decodes with a KV cache, computes the prompt prefix that all prompts of a batch share once (see
+:mod:`turnrl.prefix`), drops finished rows from the batch as it goes, and reports the exact behaviour
+logprob of every sampled token. It samples from the learner's own module, so ``sync_weights`` only bumps
+the version: no copy, no disk round trip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from turnrl.engines.base import Completion, SamplingParams
+from turnrl.prefix import common_prefix_len, forward, positions_from_mask, prefix_cache
+
+
+class HFEngine:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        autocast_bf16: bool = False,
+        seed: int = 0,
+        min_shared_prefix: int = 16,
+        max_batch: int = 256,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.autocast_bf16 = autocast_bf16
+        self.min_shared_prefix = min_shared_prefix
+        self.max_batch = max_batch
+        self.version = 0
+        self.generator = torch.Generator().manual_seed(seed)
+        eos = tokenizer.eos_token_id
+        self.end_ids: set[int] = {eos} if eos is not None else set()
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or 0)
+
+    # ---- protocol -------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        out: list[Completion] = []
+        for i in range(0, len(prompts), self.max_batch):
+            out.extend(self._generate_batch(prompts[i : i + self.max_batch], params))
+        return out
+
+    def sync_weights(self) -> None:
+        self.version += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.version = int(state["version"])
+        self.generator.set_state(state["generator"])
+
+    # ---- internals ------------------------------------------------------------------------
+    def _autocast(self):
+        if self.autocast_bf16:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    @torch.no_grad()
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._autocast():
+                return self._decode(prompts, params)
+        finally:
+            self.model.train(was_training)
+
+    def _decode(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        B = len(prompts)
+        stop_ids = self.end_ids | set(params.stop_token_ids)
+        # Shared prefix: every row keeps >= 1 token of its own so each has a last position to sample from.
+        P = common_prefix_len(prompts, limit=min(len(p) for p in prompts) - 1) if B > 1 else 0
+        if P < self.min_shared_prefix:
+            P = 0
+        cache = prefix_cache(self.model, prompts[0][:P], B) if P else None
+
+        suffixes = [p[P:] for p in prompts]
+        S = max(len(s) for s in suffixes)
+        ids = torch.full((B, S), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, P + S), dtype=torch.long)
+        mask[:, :P] = 1
+        for b, s in enumerate(suffixes):  # left-pad each suffix against the shared prefix
+            ids[b, S - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[b, P + S - len(s) :] = 1
+        positions = positions_from_mask(mask)[:, P:]
+        outputs, cache = forward(
+            self.model, cache, input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
+        logits = outputs.logits[:, -1, :]
+        next_pos = positions[:, -1] + 1
+
+        tokens: list[list[int]] = [[] for _ in range(B)]
+        logps: list[list[float]] = [[] for _ in range(B)]
+        finish = ["length"] * B
+        alive = list(range(B))  # original row index of each row still in the batch
+        for step in range(params.max_new_tokens):
+            tok, lp = self._sample(logits, params)
+            keep = []
+            for r, b in enumerate(alive):
+                t = int(tok[r])
+                tokens[b].append(t)
+                logps[b].append(float(lp[r]))
+                if t in stop_ids or (params.stop_strings and self._hit_stop_string(tokens[b], params.stop_strings)):
+                    finish[b] = "stop"
+                else:
+                    keep.append(r)
+            if not keep or step == params.max_new_tokens - 1:
+                break
+            if len(keep) < len(alive):
+                idx = torch.tensor(keep, dtype=torch.long)
+                cache.batch_select_indices(idx)
+                mask, next_pos, tok = mask[idx], next_pos[idx], tok[idx]
+                alive = [alive[r] for r in keep]
+            mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=torch.long)], dim=1)
+            outputs, cache = forward(
+                self.model, cache, input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], use_cache=True
+            )
+            logits = outputs.logits[:, -1, :]
+            next_pos = next_pos + 1
+        return [Completion(tokens[b], logps[b], finish[b], version=self.version) for b in range(B)]
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the sampled token per row and its logprob under softmax(logits / temperature)."""
+        logits = logits.float()
+        if params.greedy:
+            logp = torch.log_softmax(logits, dim=-1)
+            tok = logits.argmax(dim=-1)
+            return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+        logp = torch.log_softmax(logits / params.temperature, dim=-1)
+        filtered = logp
+        if params.top_k > 0:
+            kth = torch.topk(filtered, min(params.top_k, filtered.shape[-1]), dim=-1).values[:, -1:]
+            filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+        if params.top_p < 1.0:
+            sorted_lp, order = torch.sort(filtered, descending=True, dim=-1)
+            cum = sorted_lp.exp().cumsum(-1)
+            drop_sorted = (cum - sorted_lp.exp()) >= params.top_p  # keep the smallest set reaching top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            filtered = filtered.masked_fill(drop, float("-inf"))
+        probs = torch.softmax(filtered, dim=-1)
+        tok = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+    def _hit_stop_string(self, toks: list[int], stops: tuple[str, ...]) -> bool:
+        tail = self.tokenizer.decode(toks[-8:], skip_special_tokens=False)
+        return any(s in tail for s in stops)

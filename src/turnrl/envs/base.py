@@ -1,0 +1,93 @@
+"""The Env contract: a small, typed, text-in / text-out interface whose docstrings define the semantics.
+
+An environment is a task the agent works on over several turns. Observations and actions are text:
+the env renders its state for the model and parses the model's free text into actions itself, so the
+same env works with any model, prompt format or action syntax it chooses to accept.
+
+``step`` returns ``(observation, reward, terminated, truncated, info)``:
+
+- ``terminated``: the env reached a terminal state of the task (goal reached, fell in a hole, deadlock
+  the env can detect). Nothing the agent does afterwards matters; a critic must not bootstrap.
+- ``truncated``: a limit outside the task stopped the episode (turn limit, time). The state is not
+  terminal; a critic bootstraps from it. Set by wrappers such as :class:`~turnrl.envs.wrappers.TurnLimit`,
+  which also put the limit's name in ``info["truncation"]``.
+
+The ``info`` dict of ``step`` carries these keys (the collector reads them; envs may add more):
+
+- ``"actions"``: list[str], the actions parsed from the text and executed this turn (maybe empty);
+- ``"valid"``: bool, False when the text held no valid action (the env then answers with feedback in
+  the observation and leaves its state unchanged; it never raises for bad model output);
+- ``"success"``: bool, whether the task is solved (the env's verifier); meaningful at every step;
+- ``"reward_components"``: dict[str, float], named parts of ``reward`` that sum to it (``"outcome"``,
+  ``"step"``, ``"invalid_penalty"``, ...). Wrappers that change the reward add their own component.
+
+Environments may override ``areset`` / ``astep`` with real coroutines (network, subprocess); the
+defaults run the synchronous methods, so the collector can always await them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class Env:
+    """Base class for turnrl environments (subclass it, or satisfy the same protocol).
+
+    Class attributes an env sets:
+
+    - ``instructions``: task description and action format, shown to the model as the system prompt;
+    - ``max_actions_per_turn``: how many actions one response may carry (extra ones are ignored).
+    """
+
+    instructions: ClassVar[str] = ""
+    max_actions_per_turn: int = 1
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start a new episode. The same ``seed`` gives the same initial state and the same dynamics.
+
+        Returns ``(observation, info)``; ``info`` may hold anything useful for logging.
+        """
+        raise NotImplementedError
+
+    def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Apply the model's response text. See the module docstring for the meaning of each return value."""
+        raise NotImplementedError
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        return self.reset(seed=seed, options=options)
+
+    async def astep(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return self.step(action_text)
+
+    def anchor(self) -> str:
+        """A hashable key of the current state without history (GiGPO groups steps by it)."""
+        raise NotImplementedError
+
+    def solve(self) -> list[str] | None:
+        """Oracle: a shortest action sequence from the current state to success, or None if none exists."""
+        raise NotImplementedError
+
+    def examples(self) -> list[tuple[str, str]]:
+        """A few (observation, ideal response) pairs, used as few-shot exchanges in prompts.
+
+        They are built from fixed instances that are not training or evaluation seeds.
+        """
+        return []
+
+    def render(self) -> str:
+        """The current state as text (what a person sees in ``turnrl play``)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release resources. Safe to call more than once."""
+
+    @property
+    def unwrapped(self) -> "Env":
+        return self
+
+    def __enter__(self) -> "Env":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

@@ -1,0 +1,231 @@
+"""The learner: trajectories + advantages -> TrainSamples -> micro-batched policy-gradient update.
+
+Mechanics kept out of ``train.py``:
+
+- :func:`build_samples` lays out exact token ids with a loss mask on the model's own tokens only;
+- :func:`micro_batches` buckets samples by length under a token budget, so padding stays small;
+- :meth:`Learner.update` runs each micro-batch with the shared prompt prefix computed once
+  (:mod:`turnrl.prefix`), takes logits only at positions that predict a response token, and accumulates
+  gradients with the *global* loss normaliser, so the gradient does not depend on the micro-batch split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from turnrl import losses
+from turnrl.prefix import common_prefix_len, forward, positions_from_mask, prefix_cache
+from turnrl.types import Termination, TrainSample, Trajectory
+
+
+def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]) -> list[TrainSample]:
+    """One sample per turn (``per_step`` trajectories) or per trajectory (``full``).
+
+    ``advantages[i][j]`` is the advantage of turn ``j`` of ``trajectories[i]``; it is spread over every
+    token of that turn's response. Trajectories that ended in an env error are not trained on.
+    """
+    samples: list[TrainSample] = []
+    for i, (traj, adv) in enumerate(zip(trajectories, advantages)):
+        if traj.termination == Termination.ENV_ERROR:
+            continue
+        if len(adv) != len(traj.turns):
+            raise ValueError(f"trajectory {i} has {len(traj.turns)} turns but {len(adv)} advantages")
+        if traj.context == "full":
+            ids, mask, lps, advs = [], [], [], []
+            for turn, a in zip(traj.turns, adv):
+                n = len(turn.response_ids)
+                ids += turn.prompt_ids + turn.response_ids
+                mask += [0] * len(turn.prompt_ids) + [1] * n
+                lps += [0.0] * len(turn.prompt_ids) + list(turn.logprobs)
+                advs += [0.0] * len(turn.prompt_ids) + [float(a)] * n
+            if any(mask):
+                samples.append(TrainSample(ids, mask, lps, advs, traj_index=i, turn_index=-1))
+            continue
+        for j, (turn, a) in enumerate(zip(traj.turns, adv)):
+            n, p = len(turn.response_ids), len(turn.prompt_ids)
+            if n == 0:
+                continue
+            samples.append(
+                TrainSample(
+                    input_ids=turn.prompt_ids + turn.response_ids,
+                    loss_mask=[0] * p + [1] * n,
+                    behaviour_logprobs=[0.0] * p + list(turn.logprobs),
+                    advantages=[0.0] * p + [float(a)] * n,
+                    traj_index=i,
+                    turn_index=j,
+                )
+            )
+    return samples
+
+
+def micro_batches(samples: Sequence[TrainSample], token_budget: int) -> list[list[TrainSample]]:
+    """Group samples of similar length so ``rows * longest_row <= token_budget`` (one row at least)."""
+    order = sorted(range(len(samples)), key=lambda i: (len(samples[i]), i))
+    batches: list[list[TrainSample]] = []
+    cur: list[TrainSample] = []
+    for i in order:
+        s = samples[i]
+        if cur and (len(cur) + 1) * max(len(s), max(len(c) for c in cur)) > token_budget:
+            batches.append(cur)
+            cur = []
+        cur.append(s)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+@dataclass
+class _Batch:
+    """A micro-batch laid out as shared prefix + left-padded suffixes. Shapes: (batch, suffix_len)."""
+
+    prefix: list[int]
+    ids: torch.Tensor
+    attention: torch.Tensor  # (batch, prefix_len + suffix_len)
+    positions: torch.Tensor
+    keep: int  # logits are needed only for the last `keep` positions
+    targets: torch.Tensor  # (batch, keep - 1): token predicted at each kept position but the last
+    mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+
+
+def collate(samples: Sequence[TrainSample], pad_id: int, min_shared_prefix: int = 16) -> _Batch:
+    first_loss = [s.loss_mask.index(1) for s in samples]
+    # The prefix stops one token before the first response token, so every predicting position is in the suffix.
+    P = common_prefix_len([s.input_ids for s in samples], limit=min(first_loss) - 1) if len(samples) > 1 else 0
+    if P < min_shared_prefix:
+        P = 0
+    B, S = len(samples), max(len(s) for s in samples) - P
+    ids = torch.full((B, S), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, P + S), dtype=torch.long)
+    attention[:, :P] = 1
+    keep = max(len(s) - f for s, f in zip(samples, first_loss)) + 1
+    targets = torch.full((B, keep - 1), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, keep - 1))
+    old = torch.zeros((B, keep - 1))
+    adv = torch.zeros((B, keep - 1))
+    for b, s in enumerate(samples):
+        suffix = s.input_ids[P:]
+        ids[b, S - len(suffix) :] = torch.tensor(suffix)
+        attention[b, P + S - len(suffix) :] = 1
+        tail = keep - 1  # right-aligned: the last `keep-1` tokens of every row are the targets
+        seq = s.input_ids[-tail:]
+        off = tail - len(seq)
+        targets[b, off:] = torch.tensor(seq)
+        mask[b, off:] = torch.tensor(s.loss_mask[-tail:], dtype=torch.float)
+        old[b, off:] = torch.tensor(s.behaviour_logprobs[-tail:])
+        adv[b, off:] = torch.tensor(s.advantages[-tail:])
+    positions = positions_from_mask(attention)[:, P:]
+    return _Batch(list(samples[0].input_ids[:P]), ids, attention, positions, keep, targets, mask, old, adv)
+
+
+class Learner:
+    """Owns the optimizer and turns TrainSamples into one optimizer step per call to :meth:`update`."""
+
+    def __init__(self, model, cfg, pad_id: int, ref_model=None) -> None:
+        self.model = model
+        self.cfg = cfg  # turnrl.config.Config
+        self.pad_id = pad_id
+        self.ref_model = ref_model
+        t = cfg.train
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay
+        )
+        warm = t.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+
+    def _autocast(self):
+        if self.cfg.model.autocast_bf16:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _logits(self, model, batch: _Batch) -> torch.Tensor:
+        cache = prefix_cache(model, batch.prefix, batch.ids.shape[0]) if batch.prefix else None
+        out, _ = forward(
+            model,
+            cache,
+            input_ids=batch.ids,
+            attention_mask=batch.attention,
+            position_ids=batch.positions,
+            use_cache=cache is not None,
+            logits_to_keep=batch.keep,
+        )
+        return out.logits[:, :-1, :]  # position t predicts token t+1: drop the last kept position
+
+    def update(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """One optimizer step (per PPO epoch) over ``samples``; returns train/* metrics."""
+        a = self.cfg.algo
+        temperature = self.cfg.rollout.temperature
+        metrics: dict[str, float] = {}
+        if not samples:
+            return {"train/num_samples": 0.0}
+        num_tokens = float(sum(sum(s.loss_mask) for s in samples))
+        num_seqs = float(len(samples))
+        batches = micro_batches(samples, self.cfg.train.micro_batch_tokens)
+        self.model.train()
+        for _ in range(a.ppo_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            sums: dict[str, float] = {}
+            for mb in batches:
+                batch = collate(mb, self.pad_id)
+                with self._autocast():
+                    logits = self._logits(self.model, batch)
+                    ref_logits = None
+                    if self.ref_model is not None and a.kl_coef > 0:
+                        with torch.no_grad():
+                            ref_logits = self._logits(self.ref_model, batch)
+                logp = losses.token_logprobs(logits.float(), batch.targets, temperature)
+                per_tok, stats = losses.ppo_clip_loss(
+                    logp, batch.old_logprobs, batch.advantages, batch.mask, clip_low=a.clip_low, clip_high=a.clip_high
+                )
+                if ref_logits is not None:
+                    ref_logp = losses.token_logprobs(ref_logits.float(), batch.targets, temperature)
+                    kl = losses.kl_penalty(logp, ref_logp, a.kl_type)
+                    per_tok = per_tok + a.kl_coef * kl
+                    _acc(sums, "kl", float((kl.detach() * batch.mask).sum()))
+                loss = losses.aggregate(per_tok, batch.mask, a.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs)
+                loss.backward()
+                n = float(batch.mask.sum())
+                with torch.no_grad():
+                    ent = losses.entropy_from_logits(logits.detach().float() / temperature)
+                    _acc(sums, "entropy", float((ent * batch.mask).sum()))
+                    _acc(sums, "logprob", float((logp.detach() * batch.mask).sum()))
+                    _acc(sums, "behaviour_logprob_diff", float(((logp.detach() - batch.old_logprobs).abs() * batch.mask).sum()))
+                _acc(sums, "loss", float(loss.detach()))
+                for k, v in stats.items():
+                    _acc(sums, k, float(v) * n)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+            if not math.isfinite(float(grad_norm)):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(f"gradient norm is {float(grad_norm)}; the update was skipped (weights unchanged)")
+            self.optimizer.step()
+            self.scheduler.step()
+        metrics["train/loss"] = sums.pop("loss")
+        for k, v in sums.items():
+            metrics[f"train/{k}"] = v / max(num_tokens, 1.0)
+        metrics.update(
+            {
+                "train/grad_norm": float(grad_norm),
+                "train/lr": self.scheduler.get_last_lr()[0],
+                "train/num_samples": num_seqs,
+                "train/num_tokens": num_tokens,
+                "train/micro_batches": float(len(batches)),
+            }
+        )
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _acc(d: dict[str, float], k: str, v: float) -> None:
+    d[k] = d.get(k, 0.0) + v

@@ -1,0 +1,71 @@
+"""Shared-prefix forward passes: compute a prompt prefix common to a batch once, reuse its KV cache.
+
+Agent prompts repeat a long prefix (system prompt, tool docs, few-shot exchanges) before the part that
+changes (the current observation). Both the engine's prefill and the learner's forward pass run that
+prefix once with batch size 1 and broadcast its keys/values to the batch. For the learner this is exact,
+not an approximation: the prefix activations keep their autograd graph, and the backward pass of the
+broadcast sums every row's gradient into them, so the gradient equals the one of the padded full batch
+(up to floating-point summation order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+
+def common_prefix_len(seqs: Sequence[Sequence[int]], limit: int | None = None) -> int:
+    """Length of the longest prefix shared by every sequence, at most ``limit``."""
+    if not seqs:
+        return 0
+    n = min(len(s) for s in seqs)
+    if limit is not None:
+        n = min(n, limit)
+    first = seqs[0]
+    for i in range(n):
+        tok = first[i]
+        if any(s[i] != tok for s in seqs):
+            return i
+    return n
+
+
+def prefix_cache(model, prefix_ids: Sequence[int], batch_size: int) -> DynamicCache:
+    """Run ``prefix_ids`` once and return a cache whose every layer is broadcast to ``batch_size`` rows."""
+    ids = torch.tensor([list(prefix_ids)], dtype=torch.long)
+    _, cache = forward(model, input_ids=ids, use_cache=True, logits_to_keep=1)
+    data = []
+    for layer in cache.layers:
+        data.append((layer.keys.expand(batch_size, -1, -1, -1), layer.values.expand(batch_size, -1, -1, -1)))
+    return DynamicCache(ddp_cache_data=data, config=model.config)
+
+
+def positions_from_mask(mask: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """Position ids that count only attended tokens (left / middle padding safe). Shape: (batch, seq_len)."""
+    pos = mask.long().cumsum(-1) - 1 + offset
+    return pos.clamp_min(offset)
+
+
+def forward(model, cache: DynamicCache | None = None, **kwargs):
+    """``model(**kwargs)`` with a KV cache, under whichever keyword this transformers version takes.
+
+    Returns ``(output, cache)``. transformers 5 renamed ``past_key_values`` to ``cache`` (input and output).
+    """
+    key = _cache_kwarg(type(model))
+    if cache is not None:
+        kwargs[key] = cache
+    out = model(**kwargs)
+    return out, getattr(out, key, None)
+
+
+_CACHE_KWARG: dict[type, str] = {}
+
+
+def _cache_kwarg(cls: type) -> str:
+    if cls not in _CACHE_KWARG:
+        import inspect
+
+        params = inspect.signature(cls.forward).parameters
+        _CACHE_KWARG[cls] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KWARG[cls]

@@ -1,0 +1,175 @@
+"""The collector: drives (tasks x group size) episodes against an engine, concurrently, turn by turn.
+
+All live episodes advance in lock step: one batched ``engine.generate`` call per turn for every
+episode still running, then every env's ``astep`` awaited together (so envs that wait on a network or a
+subprocess overlap). Trajectories keep the exact token ids the engine conditioned on and produced, the
+behaviour logprobs, per-turn reward components, the anchor state each turn acted in, and why the episode
+ended. A failing env ends only its own episode (``Termination.ENV_ERROR``), never the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from turnrl.agent.chat import ChatRenderer
+from turnrl.engines.base import Engine, SamplingParams
+from turnrl.envs.base import Env
+from turnrl.types import Termination, Trajectory, TrajectoryGroup, Turn
+
+
+@dataclass(frozen=True)
+class ContextSpec:
+    strategy: str = "per_step"  # "per_step" | "full"
+    history_turns: int = 0
+    few_shot: bool = True
+    max_context_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("per_step", "full"):
+            raise ValueError(f"context strategy must be 'per_step' or 'full', got {self.strategy!r}")
+
+
+@dataclass
+class _Episode:
+    env: Env
+    traj: Trajectory
+    observation: str
+    conversation: list[int] = field(default_factory=list)  # full strategy: every id so far
+    pending: list[int] = field(default_factory=list)  # full strategy: ids appended since the last response
+
+
+@dataclass
+class RolloutStats:
+    generate_s: float = 0.0
+    env_s: float = 0.0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+
+class Collector:
+    """Runs episodes of envs built by ``env_factory`` against ``engine``."""
+
+    def __init__(self, engine: Engine, tokenizer, env_factory: Callable[[], Env], context: ContextSpec = ContextSpec()):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.env_factory = env_factory
+        self.context = context
+        self._renderer: ChatRenderer | None = None
+        self.stats = RolloutStats()
+
+    def renderer(self, env: Env) -> ChatRenderer:
+        if self._renderer is None:
+            self._renderer = ChatRenderer(self.tokenizer, env.instructions, env.examples(), few_shot=self.context.few_shot)
+        return self._renderer
+
+    def collect(self, seeds: Sequence[int], group_size: int, sampling: SamplingParams, env_id: str = "") -> list[TrajectoryGroup]:
+        """Roll out ``group_size`` episodes for each seed; returns one group per seed, in seed order."""
+        return asyncio.run(self._collect(list(seeds), group_size, sampling, env_id))
+
+    async def _collect(self, seeds: list[int], group_size: int, sampling: SamplingParams, env_id: str) -> list[TrajectoryGroup]:
+        self.stats = RolloutStats()
+        groups = [TrajectoryGroup(env_id=env_id, seed=s) for s in seeds]
+        episodes: list[_Episode] = []
+        pairs = [(g, s) for g, s in enumerate(seeds) for _ in range(group_size)]
+        envs = [self.env_factory() for _ in pairs]
+        resets = await asyncio.gather(*(env.areset(seed=s) for env, (_, s) in zip(envs, pairs)), return_exceptions=True)
+        for env, (g, s), res in zip(envs, pairs, resets):
+            traj = Trajectory(env_id=env_id, seed=s, group_index=g, policy_version=self.engine.version, context=self.context.strategy)
+            groups[g].trajectories.append(traj)
+            if isinstance(res, BaseException):
+                traj.termination, traj.error = Termination.ENV_ERROR, f"reset failed: {type(res).__name__}: {res}"
+                env.close()
+                continue
+            ep = _Episode(env=env, traj=traj, observation=res[0])
+            if self.context.strategy == "full":
+                ep.pending = self.renderer(env).full_initial_prompt(ep.observation)
+            episodes.append(ep)
+
+        live = episodes
+        while live:
+            live = await self._turn(live, sampling)
+        return groups
+
+    def _prompt(self, ep: _Episode) -> list[int]:
+        r = self.renderer(ep.env)
+        if self.context.strategy == "full":
+            return ep.conversation + ep.pending
+        k = self.context.history_turns
+        history = [(t.observation, t.response_text) for t in ep.traj.turns[-k:]] if k else []
+        return r.per_step_prompt(ep.observation, history)
+
+    async def _turn(self, live: list[_Episode], sampling: SamplingParams) -> list[_Episode]:
+        prompts, runnable = [], []
+        for ep in live:
+            ids = self._prompt(ep)
+            if len(ids) + sampling.max_new_tokens > self.context.max_context_tokens:
+                self._finish(ep, Termination.TRUNCATED_CONTEXT)
+                continue
+            prompts.append(ids)
+            runnable.append(ep)
+        if not runnable:
+            return []
+        t0 = time.perf_counter()
+        completions = self.engine.generate(prompts, sampling)
+        self.stats.generate_s += time.perf_counter() - t0
+        self.stats.prompt_tokens += sum(len(p) for p in prompts)
+        self.stats.generated_tokens += sum(len(c.token_ids) for c in completions)
+
+        texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
+        anchors = [_anchor(ep.env) for ep in runnable]
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(ep.env.astep(text) for ep, text in zip(runnable, texts)), return_exceptions=True)
+        self.stats.env_s += time.perf_counter() - t0
+
+        still = []
+        for ep, ids, comp, text, anchor, res in zip(runnable, prompts, completions, texts, anchors, results):
+            prompt_part = ep.pending if self.context.strategy == "full" else ids
+            turn = Turn(
+                prompt_ids=list(prompt_part),
+                response_ids=list(comp.token_ids),
+                logprobs=list(comp.logprobs),
+                observation=ep.observation,
+                response_text=text,
+                anchor=anchor,
+                finish_reason=comp.finish_reason,
+            )
+            ep.traj.turns.append(turn)
+            ep.traj.policy_version = comp.version
+            if isinstance(res, BaseException):
+                turn.valid = False
+                ep.traj.error = f"step failed: {type(res).__name__}: {res}"
+                self._finish(ep, Termination.ENV_ERROR)
+                continue
+            obs, reward, terminated, truncated, info = res
+            turn.reward = float(reward)
+            turn.reward_components = dict(info.get("reward_components", {"reward": float(reward)}))
+            turn.actions = list(info.get("actions", []))
+            turn.valid = bool(info.get("valid", True))
+            turn.info = {k: v for k, v in info.items() if k not in ("reward_components", "actions", "valid")}
+            ep.traj.success = bool(info.get("success", False))
+            if terminated:
+                self._finish(ep, Termination.TERMINATED)
+            elif truncated:
+                self._finish(ep, Termination.TRUNCATED_CONTEXT if info.get("truncation") == "context" else Termination.TRUNCATED_TURNS)
+            else:
+                if self.context.strategy == "full":
+                    ended_eos = bool(comp.token_ids) and comp.token_ids[-1] == self.tokenizer.eos_token_id
+                    ep.conversation = ep.conversation + ep.pending + list(comp.token_ids)
+                    ep.pending = self.renderer(ep.env).full_continuation(obs, ended_eos)
+                ep.observation = obs
+                still.append(ep)
+        return still
+
+    def _finish(self, ep: _Episode, why: Termination) -> None:
+        ep.traj.termination = why
+        ep.env.close()
+
+
+def _anchor(env: Env) -> str | None:
+    try:
+        return env.anchor()
+    except NotImplementedError:
+        return None

@@ -1,0 +1,293 @@
+"""The training loop, readable top to bottom.
+
+    for step in steps:
+        tasks      = the next `tasks_per_step` training seeds (a pure function of the step)
+        groups     = collector.collect(tasks, group_size)          # multi-turn rollouts, exact token ids
+        advantages = estimator(groups, params)                     # one signature for every estimator
+        samples    = build_samples(trajectories, advantages)       # loss mask on the model's own tokens
+        learner.update(samples)                                    # micro-batches, grad accumulation, clip
+        engine.sync_weights()                                      # the engine samples from the new weights
+        evaluate on held-out seeds every `eval.every` steps; checkpoint every `log.checkpoint_every`
+
+What it implements, plainly: on-policy policy gradient with a PPO-clip surrogate against the engine's
+behaviour logprobs (one optimizer step per batch by default, so the ratio is 1 up to bf16 noise and the
+clip only matters with ``ppo_epochs > 1``), outcome-level advantages from the configured estimator
+broadcast to every turn of a trajectory, and no KL term unless ``algo.kl_coef > 0``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from turnrl import checkpoint, credit
+from turnrl.config import Config
+from turnrl.engines import HFEngine, SamplingParams
+from turnrl.envs import make
+from turnrl.learner import Learner, build_samples
+from turnrl.models import frozen_copy, load_model, load_tokenizer
+from turnrl.monitor.sinks import JsonlSink, MetricLogger, TensorBoardSink
+from turnrl.rollout import Collector, ContextSpec
+from turnrl.types import Termination, TrajectoryGroup
+
+
+@dataclass
+class Components:
+    """Everything a run holds, built from the config by :func:`build`."""
+
+    cfg: Config
+    model: object
+    tokenizer: object
+    engine: HFEngine
+    collector: Collector
+    learner: Learner
+
+
+def build(cfg: Config, model=None, tokenizer=None) -> Components:
+    """Build model, engine, collector and learner. ``model``/``tokenizer`` override ``cfg.model.path`` (tests)."""
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    seed_everything(cfg.train.seed)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model.path)
+    if model is None:
+        model = load_model(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
+    ref = frozen_copy(model) if cfg.model.reference else None
+    engine = HFEngine(model, tokenizer, autocast_bf16=cfg.model.autocast_bf16, seed=cfg.train.seed)
+    env_kwargs = dict(cfg.env.kwargs, max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty)
+    make(cfg.env.id, **env_kwargs).close()  # fail now, with the env's own message, on a bad id or kwarg
+    ctx = ContextSpec(cfg.rollout.context, cfg.rollout.history_turns, cfg.rollout.few_shot, cfg.rollout.max_context_tokens)
+    collector = Collector(engine, tokenizer, lambda: make(cfg.env.id, **env_kwargs), ctx)
+    learner = Learner(model, cfg, pad_id=tokenizer.pad_token_id, ref_model=ref)
+    return Components(cfg, model, tokenizer, engine, collector, learner)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def sampling_params(cfg: Config, greedy: bool = False) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(
+        max_new_tokens=r.max_new_tokens, temperature=0.0 if greedy else r.temperature, top_p=r.top_p, top_k=r.top_k
+    )
+
+
+def train_seeds(cfg: Config, step: int) -> list[int]:
+    """Task seeds of training step ``step`` (0-based): disjoint across steps, never eval seeds."""
+    n = cfg.rollout.tasks_per_step
+    return [cfg.train.seed_start + step * n + i for i in range(n)]
+
+
+def eval_seeds(cfg: Config) -> list[int]:
+    return [cfg.eval.seed_start + i for i in range(cfg.eval.num_tasks)]
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval for a success rate."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def rollout_metrics(groups: list[TrajectoryGroup], prefix: str = "rollout") -> dict[str, float]:
+    trajs = [t for g in groups for t in g.trajectories]
+    turns = [turn for t in trajs for turn in t.turns]
+    n = max(1, len(trajs))
+    m = {
+        f"{prefix}/success_rate": sum(t.success for t in trajs) / n,
+        f"{prefix}/reward": sum(t.total_reward for t in trajs) / n,
+        f"{prefix}/turns": sum(t.num_turns for t in trajs) / n,
+        f"{prefix}/valid_action_rate": sum(t.valid for t in turns) / max(1, len(turns)),
+        f"{prefix}/response_tokens": sum(len(t.response_ids) for t in turns) / max(1, len(turns)),
+        f"{prefix}/response_truncated_rate": sum(t.finish_reason == "length" for t in turns) / max(1, len(turns)),
+    }
+    for why in Termination:
+        m[f"{prefix}/termination/{why.value}"] = sum(t.termination == why for t in trajs) / n
+    comps: dict[str, float] = {}
+    for t in trajs:
+        for k, v in t.reward_components.items():
+            comps[k] = comps.get(k, 0.0) + v
+    for k, v in comps.items():
+        m[f"{prefix}/reward/{k}"] = v / n
+    return m
+
+
+def evaluate(c: Components, seeds: list[int] | None = None) -> dict[str, float]:
+    """Success on held-out seeds, one episode each (greedy by default), with a 95% interval."""
+    cfg = c.cfg
+    seeds = seeds if seeds is not None else eval_seeds(cfg)
+    t0 = time.perf_counter()
+    groups = c.collector.collect(seeds, 1, sampling_params(cfg, greedy=cfg.eval.greedy), env_id=cfg.env.id)
+    m = rollout_metrics(groups, prefix="eval")
+    wins = sum(t.success for g in groups for t in g.trajectories)
+    lo, hi = wilson_interval(wins, len(seeds))
+    m.update({"eval/success_ci_low": lo, "eval/success_ci_high": hi, "eval/num_tasks": float(len(seeds))})
+    m["perf/eval_s"] = time.perf_counter() - t0
+    return m
+
+
+def make_run_dir(cfg: Config) -> Path:
+    name = cfg.log.name or f"{cfg.env.id}-{cfg.algo.estimator}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(cfg.log.run_dir) / name
+    if (run_dir / "checkpoints").exists():
+        raise FileExistsError(f"run directory {run_dir} already has checkpoints; use `turnrl train --resume {run_dir}` to continue it")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return run_dir
+
+
+def write_trajectories(run_dir: Path, step: int, groups: list[TrajectoryGroup], advantages, tokenizer, limit: int) -> None:
+    """A sample of the step's trajectories with tokens, logprobs and advantages (for the viewer)."""
+    if limit <= 0:
+        return
+    flat = [t for g in groups for t in g.trajectories]
+    rows = []
+    for i, (traj, adv) in enumerate(zip(flat, advantages)):
+        if i >= limit:
+            break
+        rows.append(
+            {
+                "step": step,
+                "env_id": traj.env_id,
+                "seed": traj.seed,
+                "success": traj.success,
+                "termination": traj.termination.value,
+                "reward": traj.total_reward,
+                "turns": [
+                    {
+                        "observation": t.observation,
+                        "response": t.response_text,
+                        "response_tokens": tokenizer.convert_ids_to_tokens(t.response_ids),
+                        "response_ids": t.response_ids,
+                        "logprobs": t.logprobs,
+                        "advantage": a,
+                        "actions": t.actions,
+                        "valid": t.valid,
+                        "reward": t.reward,
+                        "reward_components": t.reward_components,
+                    }
+                    for t, a in zip(traj.turns, adv)
+                ],
+            }
+        )
+    with (run_dir / "trajectories.jsonl").open("a") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def train(cfg: Config, resume: Path | None = None, components: Components | None = None, run_dir: Path | None = None) -> Path:
+    """Run (or continue) training; returns the run directory."""
+    c = components or build(cfg)
+    run_dir = Path(resume) if resume else (run_dir or make_run_dir(cfg))
+    start = 0
+    if resume:
+        ckpt = checkpoint.latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from (looked for {run_dir}/checkpoints/latest)")
+        state = checkpoint.load_state(ckpt)
+        from safetensors.torch import load_model as load_weights
+
+        load_weights(c.model, ckpt / "model" / "model.safetensors", strict=False)
+        c.learner.load_state_dict(state["learner"])
+        c.engine.load_state_dict(state["engine"])
+        checkpoint.set_rng_state(state["rng"])
+        start = state["step"]
+    sinks = [JsonlSink(run_dir / "metrics.jsonl")]
+    if cfg.log.tensorboard:
+        sinks.append(TensorBoardSink(run_dir / "tb"))
+    logger = MetricLogger(sinks)
+    estimator = credit.get_estimator(cfg.algo.estimator)
+    params = credit.CreditParams(norm_std=cfg.algo.norm_std, gamma=cfg.algo.gamma)
+    sampling = sampling_params(cfg)
+    progress = _progress(cfg, start)
+    t_start = time.perf_counter()
+
+    if start == 0 and cfg.eval.at_start:
+        logger.log(0, evaluate(c))
+    step = start
+    for step in range(start, cfg.train.steps):
+        t0 = time.perf_counter()
+        groups = c.collector.collect(train_seeds(cfg, step), cfg.rollout.group_size, sampling, env_id=cfg.env.id)
+        t_rollout = time.perf_counter() - t0
+        trajectories = [t for g in groups for t in g.trajectories]
+        advantages = estimator(groups, params)
+        samples = build_samples(trajectories, advantages)
+        if cfg.algo.skip_zero_advantage and cfg.algo.kl_coef == 0:
+            samples = [s for s in samples if any(a != 0.0 for a in s.advantages)]
+        t1 = time.perf_counter()
+        metrics = c.learner.update(samples)
+        t_train = time.perf_counter() - t1
+        c.engine.sync_weights()
+
+        metrics.update(rollout_metrics(groups))
+        flat_adv = [a for adv in advantages for a in adv]
+        st = c.collector.stats
+        metrics.update(
+            {
+                "train/advantage_mean": float(np.mean(flat_adv)) if flat_adv else 0.0,
+                "train/advantage_std": float(np.std(flat_adv)) if flat_adv else 0.0,
+                "perf/rollout_s": t_rollout,
+                "perf/train_s": t_train,
+                "perf/generate_s": st.generate_s,
+                "perf/env_s": st.env_s,
+                "perf/prompt_tokens": float(st.prompt_tokens),
+                "perf/generated_tokens": float(st.generated_tokens),
+                "perf/generate_tokens_per_s": st.generated_tokens / max(st.generate_s, 1e-9),
+                "perf/train_tokens_per_s": sum(len(s) for s in samples) / max(t_train, 1e-9),
+                "perf/wall_s": time.perf_counter() - t_start,
+            }
+        )
+        done = step + 1
+        out_of_time = cfg.train.max_minutes > 0 and (time.perf_counter() - t_start) > 60 * cfg.train.max_minutes
+        if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps or out_of_time:
+            metrics.update(evaluate(c))
+        logger.log(done, metrics)
+        write_trajectories(run_dir, done, groups, advantages, c.tokenizer, cfg.log.sample_trajectories)
+        if (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0) or done == cfg.train.steps or out_of_time:
+            state = {"learner": c.learner.state_dict(), "engine": c.engine.state_dict()}
+            checkpoint.save_checkpoint(run_dir, done, c.model, c.tokenizer, state, keep=cfg.log.keep_checkpoints)
+        progress.update(metrics)
+        if out_of_time:
+            break
+    progress.close()
+    logger.close()
+    return run_dir
+
+
+class _progress:
+    """A tqdm bar showing step, success rate, reward and ETA (silent when disabled)."""
+
+    def __init__(self, cfg: Config, start: int) -> None:
+        self.bar = None
+        if cfg.log.progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=cfg.train.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+
+    def update(self, m: dict[str, float]) -> None:
+        if self.bar is None:
+            return
+        post = {"succ": f"{m.get('rollout/success_rate', 0):.2f}", "rew": f"{m.get('rollout/reward', 0):.2f}",
+                "valid": f"{m.get('rollout/valid_action_rate', 0):.2f}"}
+        if "eval/success_rate" in m:
+            post["eval"] = f"{m['eval/success_rate']:.2f}"
+        self.bar.set_postfix(post)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,24 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest
+import torch
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The real SmolLM2 tokenizer and chat template (extracted from the embedded GGUF, no weights)."""
+    from turnrl.models import load_tokenizer
+
+    return load_tokenizer("default")
+
+
+@pytest.fixture
+def tiny_model(tokenizer):
+    from turnrl.models import tiny_model
+
+    return tiny_model(tokenizer, seed=0)
