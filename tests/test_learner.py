@@ -2,7 +2,7 @@
 
 import torch
 
-from turnrl.learner import build_samples, collate, micro_batches
+from turnrl.learner import build_samples, collate, micro_batches, shared_prefix_len
 from turnrl.types import Termination, TrainSample, Trajectory, Turn
 
 
@@ -60,10 +60,13 @@ def test_shared_prefix_gradient_equals_plain_gradient(tiny_model):
 
 def test_micro_batches_respect_budget_and_keep_every_sample():
     samples = _samples(n=9)
-    batches = micro_batches(samples, token_budget=80)
+    batches = micro_batches(samples, token_budget=30)
+    assert len(batches) > 1
     assert sorted(id(s) for b in batches for s in b) == sorted(id(s) for s in samples)
+    shared = shared_prefix_len(samples)
+    assert shared >= 19  # the 20-token prefix minus one: budgets count only the rest of each row
     for b in batches:
-        assert len(b) == 1 or len(b) * max(len(s) for s in b) <= 80
+        assert len(b) == 1 or len(b) * (max(len(s) for s in b) - shared) <= 30
 
 
 def _turn(prompt, resp):

@@ -112,6 +112,13 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Config":
+        from turnrl.credit import available_estimators
+
+        if self.algo.estimator not in available_estimators():
+            close = difflib.get_close_matches(self.algo.estimator, available_estimators(), n=1, cutoff=0.5)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise ValueError(f"algo.estimator={self.algo.estimator!r} is not a registered estimator.{hint} "
+                             f"Valid: {', '.join(available_estimators())}")
         if self.algo.kl_coef > 0 and not self.model.reference:
             raise ValueError("algo.kl_coef > 0 needs a reference model: set model.reference=true")
         train_end = self.train.seed_start + self.train.steps * self.rollout.tasks_per_step

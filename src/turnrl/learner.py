@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from turnrl import losses
-from turnrl.prefix import common_prefix_len, forward, positions_from_mask, prefix_cache
+from turnrl.prefix import bucket_rows, round_up, additive_mask, common_prefix_len, forward, positions_from_mask, prefix_cache
 from turnrl.types import Termination, TrainSample, Trajectory
 
 
@@ -64,19 +64,32 @@ def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Seque
 
 
 def micro_batches(samples: Sequence[TrainSample], token_budget: int) -> list[list[TrainSample]]:
-    """Group samples of similar length so ``rows * longest_row <= token_budget`` (one row at least)."""
+    """Group samples of similar length so ``rows * (longest_row - shared_prefix) <= token_budget``.
+
+    The prompt prefix every sample shares is computed once per micro-batch (see :func:`collate`), so only
+    the rest of each row counts against the budget. A batch always holds at least one row.
+    """
+    shared = shared_prefix_len(samples)
     order = sorted(range(len(samples)), key=lambda i: (len(samples[i]), i))
     batches: list[list[TrainSample]] = []
     cur: list[TrainSample] = []
     for i in order:
         s = samples[i]
-        if cur and (len(cur) + 1) * max(len(s), max(len(c) for c in cur)) > token_budget:
+        if cur and (len(cur) + 1) * (max(len(s), max(len(c) for c in cur)) - shared) > token_budget:
             batches.append(cur)
             cur = []
         cur.append(s)
     if cur:
         batches.append(cur)
     return batches
+
+
+def shared_prefix_len(samples: Sequence[TrainSample]) -> int:
+    """Prefix shared by every sample, ending one token before the earliest loss-masked token."""
+    if len(samples) < 2:
+        return 0
+    first_loss = min(s.loss_mask.index(1) for s in samples)
+    return common_prefix_len([s.input_ids for s in samples], limit=first_loss - 1)
 
 
 @dataclass
@@ -95,12 +108,18 @@ class _Batch:
 
 
 def collate(samples: Sequence[TrainSample], pad_id: int, min_shared_prefix: int = 16) -> _Batch:
+    """Lay out ``samples`` as one shared prefix plus left-padded suffixes.
+
+    Rows and suffix length are rounded up to a few bucket sizes (extra rows copy row 0 with an all-zero
+    loss mask), because CPU kernels are specialised per shape and a new shape costs more than the padding.
+    """
     first_loss = [s.loss_mask.index(1) for s in samples]
     # The prefix stops one token before the first response token, so every predicting position is in the suffix.
-    P = common_prefix_len([s.input_ids for s in samples], limit=min(first_loss) - 1) if len(samples) > 1 else 0
+    P = shared_prefix_len(samples)
     if P < min_shared_prefix:
         P = 0
-    B, S = len(samples), max(len(s) for s in samples) - P
+    n = len(samples)
+    B, S = bucket_rows(n), round_up(max(len(s) for s in samples) - P, 8)
     ids = torch.full((B, S), pad_id, dtype=torch.long)
     attention = torch.zeros((B, P + S), dtype=torch.long)
     attention[:, :P] = 1
@@ -109,19 +128,22 @@ def collate(samples: Sequence[TrainSample], pad_id: int, min_shared_prefix: int 
     mask = torch.zeros((B, keep - 1))
     old = torch.zeros((B, keep - 1))
     adv = torch.zeros((B, keep - 1))
-    for b, s in enumerate(samples):
+    tail = keep - 1  # right-aligned: the last `keep-1` tokens of every row are the targets
+    for b in range(B):
+        s = samples[b] if b < n else samples[0]
         suffix = s.input_ids[P:]
         ids[b, S - len(suffix) :] = torch.tensor(suffix)
         attention[b, P + S - len(suffix) :] = 1
-        tail = keep - 1  # right-aligned: the last `keep-1` tokens of every row are the targets
         seq = s.input_ids[-tail:]
         off = tail - len(seq)
         targets[b, off:] = torch.tensor(seq)
-        mask[b, off:] = torch.tensor(s.loss_mask[-tail:], dtype=torch.float)
-        old[b, off:] = torch.tensor(s.behaviour_logprobs[-tail:])
-        adv[b, off:] = torch.tensor(s.advantages[-tail:])
+        if b < n:
+            mask[b, off:] = torch.tensor(s.loss_mask[-tail:], dtype=torch.float)
+            old[b, off:] = torch.tensor(s.behaviour_logprobs[-tail:])
+            adv[b, off:] = torch.tensor(s.advantages[-tail:])
     positions = positions_from_mask(attention)[:, P:]
     return _Batch(list(samples[0].input_ids[:P]), ids, attention, positions, keep, targets, mask, old, adv)
+
 
 
 class Learner:
@@ -146,11 +168,12 @@ class Learner:
 
     def _logits(self, model, batch: _Batch) -> torch.Tensor:
         cache = prefix_cache(model, batch.prefix, batch.ids.shape[0]) if batch.prefix else None
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32
         out, _ = forward(
             model,
             cache,
             input_ids=batch.ids,
-            attention_mask=batch.attention,
+            attention_mask=additive_mask(batch.attention, batch.ids.shape[1], dtype),
             position_ids=batch.positions,
             use_cache=cache is not None,
             logits_to_keep=batch.keep,

@@ -41,10 +41,42 @@ def prefix_cache(model, prefix_ids: Sequence[int], batch_size: int) -> DynamicCa
     return DynamicCache(ddp_cache_data=data, config=model.config)
 
 
+def round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def bucket_rows(n: int) -> int:
+    """Row-count buckets: exact up to 4, multiples of 4 up to 16, then multiples of 16.
+
+    CPU kernels (oneDNN) are specialised per shape, and a new shape costs more than a few padded rows, so
+    the engine and the learner round batch shapes up to these buckets.
+    """
+    if n <= 4:
+        return n
+    return round_up(n, 4) if n <= 16 else round_up(n, 16)
+
+
 def positions_from_mask(mask: torch.Tensor, offset: int = 0) -> torch.Tensor:
     """Position ids that count only attended tokens (left / middle padding safe). Shape: (batch, seq_len)."""
     pos = mask.long().cumsum(-1) - 1 + offset
     return pos.clamp_min(offset)
+
+
+def additive_mask(attention: torch.Tensor, query_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """A 4D additive attention mask for ``query_len`` new tokens after a cache.
+
+    ``attention`` (batch, kv_len) marks real tokens (1) and padding (0); the last ``query_len`` key slots
+    are the queries themselves. Query ``i`` may see key ``j`` when ``j`` is real and not in its future.
+    Shape: (batch, 1, query_len, kv_len). Passing this instead of the 2D mask matters for training speed:
+    with a 2D padding mask and autograd on, PyTorch's CPU attention falls back to a much slower kernel.
+    """
+    kv_len = attention.shape[1]
+    past = kv_len - query_len
+    q = torch.arange(query_len)[:, None] + past
+    k = torch.arange(kv_len)[None, :]
+    allowed = (k <= q)[None] & attention.bool()[:, None, :]
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
 
 
 def forward(model, cache: DynamicCache | None = None, **kwargs):

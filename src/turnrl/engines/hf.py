@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from turnrl.engines.base import Completion, SamplingParams
-from turnrl.prefix import common_prefix_len, forward, positions_from_mask, prefix_cache
+from turnrl.prefix import bucket_rows, round_up, common_prefix_len, forward, positions_from_mask, prefix_cache
 
 
 class HFEngine:
@@ -81,12 +81,14 @@ class HFEngine:
         P = common_prefix_len(prompts, limit=min(len(p) for p in prompts) - 1) if B > 1 else 0
         if P < self.min_shared_prefix:
             P = 0
-        cache = prefix_cache(self.model, prompts[0][:P], B) if P else None
-
-        suffixes = [p[P:] for p in prompts]
-        S = max(len(s) for s in suffixes)
-        ids = torch.full((B, S), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((B, P + S), dtype=torch.long)
+        # Shapes are bucketed (rows and suffix length rounded up) because CPU kernels are specialised per
+        # shape: a new shape costs far more than a few padded rows. Padding rows repeat row 0 and are ignored.
+        rows: list[int | None] = list(range(B)) + [None] * (bucket_rows(B) - B)
+        suffixes = [p[P:] for p in prompts] + [prompts[0][P:]] * (len(rows) - B)
+        S = round_up(max(len(s) for s in suffixes), 8)
+        cache = prefix_cache(self.model, prompts[0][:P], len(rows)) if P else None
+        ids = torch.full((len(rows), S), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), P + S), dtype=torch.long)
         mask[:, :P] = 1
         for b, s in enumerate(suffixes):  # left-pad each suffix against the shared prefix
             ids[b, S - len(s) :] = torch.tensor(s, dtype=torch.long)
@@ -101,26 +103,29 @@ class HFEngine:
         tokens: list[list[int]] = [[] for _ in range(B)]
         logps: list[list[float]] = [[] for _ in range(B)]
         finish = ["length"] * B
-        alive = list(range(B))  # original row index of each row still in the batch
         for step in range(params.max_new_tokens):
             tok, lp = self._sample(logits, params)
-            keep = []
-            for r, b in enumerate(alive):
+            for r, b in enumerate(rows):
+                if b is None:
+                    continue
                 t = int(tok[r])
                 tokens[b].append(t)
                 logps[b].append(float(lp[r]))
                 if t in stop_ids or (params.stop_strings and self._hit_stop_string(tokens[b], params.stop_strings)):
                     finish[b] = "stop"
-                else:
-                    keep.append(r)
-            if not keep or step == params.max_new_tokens - 1:
+                    rows[r] = None  # finished: from now on a passenger
+            alive = [r for r, b in enumerate(rows) if b is not None]
+            if not alive or step == params.max_new_tokens - 1:
                 break
-            if len(keep) < len(alive):
+            target = bucket_rows(len(alive))
+            if target < len(rows):  # shrink to the next bucket; keep passengers only to fill it
+                passengers = [r for r, b in enumerate(rows) if b is None][: target - len(alive)]
+                keep = sorted(alive + passengers)
                 idx = torch.tensor(keep, dtype=torch.long)
                 cache.batch_select_indices(idx)
                 mask, next_pos, tok = mask[idx], next_pos[idx], tok[idx]
-                alive = [alive[r] for r in keep]
-            mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=torch.long)], dim=1)
+                rows = [rows[r] for r in keep]
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
             outputs, cache = forward(
                 self.model, cache, input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], use_cache=True
             )

@@ -1,0 +1,34 @@
+"""Advantage estimators: one signature, one registry (see ``base.py`` and docs/algorithms.md).
+
+    estimator = get_estimator(cfg.algo.estimator)
+    advantages = estimator(groups, CreditParams(norm_std=..., gamma=...))   # one float per turn
+
+Built in: ``grpo`` (and Dr.GRPO via ``norm_std=False``), ``rloo``, ``grpo_turn``.
+Add one with ``@register_estimator("name")`` on a function of the same signature.
+"""
+
+from turnrl.credit.base import (
+    Advantages,
+    CreditParams,
+    Estimator,
+    available_estimators,
+    episode_rewards,
+    get_estimator,
+    register_estimator,
+)
+from turnrl.credit.outcome import grpo, rloo
+from turnrl.credit.turn import grpo_turn, turn_returns
+
+__all__ = [
+    "Advantages",
+    "CreditParams",
+    "Estimator",
+    "available_estimators",
+    "episode_rewards",
+    "get_estimator",
+    "register_estimator",
+    "grpo",
+    "rloo",
+    "grpo_turn",
+    "turn_returns",
+]

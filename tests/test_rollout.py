@@ -1,0 +1,103 @@
+"""The collector keeps exact token ids: what the learner trains on is what the engine conditioned on."""
+
+import pytest
+
+from turnrl.engines import HFEngine, SamplingParams
+from turnrl.envs.base import Env
+from turnrl.learner import build_samples
+from turnrl.rollout import Collector, ContextSpec
+from turnrl.types import Termination
+
+
+class CountEnv(Env):
+    """Counts turns; terminates after `goal` turns; answers every response with a numbered observation."""
+
+    instructions = "Say anything."
+
+    def __init__(self, goal=3, fail_at=None):
+        self.goal, self.fail_at, self.t = goal, fail_at, 0
+
+    def reset(self, *, seed=None, options=None):
+        self.t, self.seed = 0, seed
+        return f"start {seed}", {}
+
+    def step(self, action_text):
+        self.t += 1
+        if self.fail_at is not None and self.t == self.fail_at:
+            raise RuntimeError("boom")
+        done = self.t >= self.goal
+        comps = {"outcome": 1.0 if done else 0.0}
+        return f"observation number {self.t}", comps["outcome"], done, False, {"success": done, "valid": True, "reward_components": comps}
+
+    def anchor(self):
+        return str(self.t)
+
+    def examples(self):
+        return [("start -1", "hello")]
+
+
+class RecordingEngine(HFEngine):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.seen = []
+
+    def generate(self, prompts, params):
+        outs = super().generate(prompts, params)
+        self.seen.extend(zip([list(p) for p in prompts], [o.token_ids for o in outs]))
+        return outs
+
+
+@pytest.mark.parametrize("strategy", ["per_step", "full"])
+def test_samples_are_exactly_what_the_engine_conditioned_on(tokenizer, tiny_model, strategy):
+    engine = RecordingEngine(tiny_model, tokenizer, seed=0)
+    col = Collector(engine, tokenizer, lambda: CountEnv(goal=3), ContextSpec(strategy=strategy, history_turns=1))
+    groups = col.collect([7, 8], group_size=2, sampling=SamplingParams(max_new_tokens=4, temperature=1.0))
+    trajs = [t for g in groups for t in g.trajectories]
+    assert all(t.termination == Termination.TERMINATED and t.success and t.num_turns == 3 for t in trajs)
+    samples = build_samples(trajs, [[1.0] * t.num_turns for t in trajs])
+    seen = {tuple(p + r) for p, r in engine.seen}
+    for s in samples:
+        # every masked-in run of tokens is a response the engine produced right after exactly the ids before it,
+        # so the ids are what the engine conditioned on and no observation/template token carries loss
+        assert tuple(s.input_ids) in seen or strategy == "full"
+        for i, m in enumerate(s.loss_mask):
+            if m and (i == 0 or not s.loss_mask[i - 1]):
+                end = i
+                while end < len(s.loss_mask) and s.loss_mask[end]:
+                    end += 1
+                assert (s.input_ids[:i], s.input_ids[i:end]) in [(p, r) for p, r in engine.seen]
+    if strategy == "full":
+        # one sample per trajectory whose ids equal the last prompt the engine saw plus its response
+        last = max(engine.seen, key=lambda pr: len(pr[0]))
+        assert any(s.input_ids == last[0] + last[1] for s in samples)
+        assert len(samples) == len(trajs)
+    else:
+        assert len(samples) == sum(t.num_turns for t in trajs)
+
+
+def test_env_error_ends_only_that_episode(tokenizer, tiny_model):
+    engine = HFEngine(tiny_model, tokenizer)
+    envs = iter([CountEnv(goal=3, fail_at=2), CountEnv(goal=3)])
+    col = Collector(engine, tokenizer, lambda: next(envs))
+    groups = col.collect([0, 1], group_size=1, sampling=SamplingParams(max_new_tokens=2))
+    a, b = groups[0].trajectories[0], groups[1].trajectories[0]
+    assert a.termination == Termination.ENV_ERROR and "boom" in a.error
+    assert b.termination == Termination.TERMINATED and b.num_turns == 3
+
+
+def test_context_budget_truncates_episode(tokenizer, tiny_model):
+    engine = HFEngine(tiny_model, tokenizer)
+    col = Collector(engine, tokenizer, lambda: CountEnv(goal=50), ContextSpec(strategy="full", max_context_tokens=90))
+    traj = col.collect([0], 1, SamplingParams(max_new_tokens=8))[0].trajectories[0]
+    assert traj.termination == Termination.TRUNCATED_CONTEXT
+    assert 0 < traj.num_turns < 50
+
+
+def test_groups_share_seed_and_record_anchor_and_version(tokenizer, tiny_model):
+    engine = HFEngine(tiny_model, tokenizer)
+    engine.sync_weights()
+    col = Collector(engine, tokenizer, lambda: CountEnv(goal=2))
+    groups = col.collect([4, 5], 3, SamplingParams(max_new_tokens=2))
+    assert [g.seed for g in groups] == [4, 5]
+    assert all(t.seed == g.seed and t.policy_version == 1 for g in groups for t in g.trajectories)
+    assert [turn.anchor for turn in groups[0].trajectories[0].turns] == ["0", "1"]
