@@ -35,6 +35,9 @@ class EnvConfig(_Section):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the env constructor / wrappers")
     max_turns: int = Field(8, ge=1, description="turn limit per episode (truncation)")
     invalid_penalty: float = Field(0.1, ge=0.0, description="reward penalty for a turn with no valid action")
+    progress_reward: float = Field(
+        0.2, ge=0.0, description="dense shaping from the env's oracle per step of progress (0 = off; needs env.solve())"
+    )
 
 
 class RolloutConfig(_Section):
@@ -56,6 +59,7 @@ class AlgoConfig(_Section):
     estimator: str = Field("grpo", description="advantage estimator, see `turnrl.credit.available_estimators()`")
     norm_std: bool = Field(True, description="GRPO: divide by the group std (False = Dr.GRPO)")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="turn discount for estimators that use per-turn returns")
+    step_weight: float = Field(1.0, ge=0.0, description="GiGPO: weight of the anchor-state step-level advantage")
     clip_low: float = Field(0.2, ge=0.0, description="PPO ratio clip below 1")
     clip_high: float = Field(0.28, ge=0.0, description="PPO ratio clip above 1 (DAPO clip-higher)")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(

@@ -61,7 +61,12 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
         model = load_model(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
     ref = frozen_copy(model) if cfg.model.reference else None
     engine = HFEngine(model, tokenizer, autocast_bf16=cfg.model.autocast_bf16, seed=cfg.train.seed)
-    env_kwargs = dict(cfg.env.kwargs, max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty)
+    env_kwargs = dict(
+        cfg.env.kwargs,
+        max_turns=cfg.env.max_turns,
+        invalid_penalty=cfg.env.invalid_penalty,
+        progress_reward=cfg.env.progress_reward,
+    )
     make(cfg.env.id, **env_kwargs).close()  # fail now, with the env's own message, on a bad id or kwarg
     ctx = ContextSpec(cfg.rollout.context, cfg.rollout.history_turns, cfg.rollout.few_shot, cfg.rollout.max_context_tokens)
     collector = Collector(engine, tokenizer, lambda: make(cfg.env.id, **env_kwargs), ctx)
@@ -211,7 +216,7 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         sinks.append(TensorBoardSink(run_dir / "tb"))
     logger = MetricLogger(sinks)
     estimator = credit.get_estimator(cfg.algo.estimator)
-    params = credit.CreditParams(norm_std=cfg.algo.norm_std, gamma=cfg.algo.gamma)
+    params = credit.CreditParams(norm_std=cfg.algo.norm_std, gamma=cfg.algo.gamma, step_weight=cfg.algo.step_weight)
     sampling = sampling_params(cfg)
     progress = _progress(cfg, start)
     t_start = time.perf_counter()

@@ -3,7 +3,7 @@
     estimator = get_estimator(cfg.algo.estimator)
     advantages = estimator(groups, CreditParams(norm_std=..., gamma=...))   # one float per turn
 
-Built in: ``grpo`` (and Dr.GRPO via ``norm_std=False``), ``rloo``, ``grpo_turn``.
+Built in: ``grpo`` (and Dr.GRPO via ``norm_std=False``), ``rloo``, ``grpo_turn``, ``gigpo``.
 Add one with ``@register_estimator("name")`` on a function of the same signature.
 """
 
@@ -18,6 +18,7 @@ from turnrl.credit.base import (
 )
 from turnrl.credit.outcome import grpo, rloo
 from turnrl.credit.turn import grpo_turn, turn_returns
+from turnrl.credit.gigpo import gigpo
 
 __all__ = [
     "Advantages",
@@ -30,5 +31,6 @@ __all__ = [
     "grpo",
     "rloo",
     "grpo_turn",
+    "gigpo",
     "turn_returns",
 ]

@@ -36,7 +36,9 @@ class CreditParams:
     eps: float = 1e-6
     """Added to the std before dividing, so near-constant groups do not explode."""
     gamma: float = 1.0
-    """Turn discount for estimators that use per-turn returns (``grpo_turn``)."""
+    """Turn discount for estimators that use per-turn returns (``grpo_turn``, ``gigpo``)."""
+    step_weight: float = 1.0
+    """GiGPO: weight w of the anchor-state step-level advantage added to the episode-level one."""
 
 
 class Estimator(Protocol):
