@@ -65,6 +65,13 @@ def test_two_step_smoke_run_writes_a_run_directory(tmp_path, tokenizer, context)
     assert rows[-1]["train/num_tokens"] > 0 and rows[-1]["train/grad_norm"] > 0
 
 
+def test_smoke_run_with_kl_to_a_frozen_reference(tmp_path, tokenizer):
+    run_dir, c = _run(tmp_path, tokenizer, ["model.reference=true", "algo.kl_coef=0.5", "algo.kl_type=k3"], "kl")
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert rows[-1]["train/kl"] > 0  # after the first update the policy has moved away from the reference
+    assert all(not p.requires_grad for p in c.learner.ref_model.parameters())
+
+
 def test_smoke_run_on_frozenlake(tmp_path, tokenizer):
     run_dir, _ = _run(tmp_path, tokenizer, ["env.id=frozenlake-v0", "env.progress_reward=0.2", "algo.estimator=gigpo",
                                             "algo.skip_zero_advantage=false"], "fl")

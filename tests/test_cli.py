@@ -1,0 +1,62 @@
+"""Every CLI entry point runs, with a tiny local model directory standing in for the default."""
+
+import json
+
+import pytest
+
+from turnrl.cli import main
+
+
+@pytest.fixture
+def tiny_dir(tmp_path, tokenizer, tiny_model):
+    d = tmp_path / "tiny"
+    tiny_model.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+def test_envs_lists_builtins(capsys):
+    assert main(["envs"]) == 0
+    out = capsys.readouterr().out
+    assert "frozenlake-v0" in out and "sokoban-v0" in out
+
+
+def test_config_errors_exit_2_with_the_fix(capsys):
+    assert main(["train", "train.lrr=1e-5"]) == 2
+    assert "Did you mean 'train.lr'" in capsys.readouterr().err
+
+
+def test_help_config(capsys):
+    assert main(["train", "--help-config"]) == 0
+    assert "rollout.group_size" in capsys.readouterr().out
+
+
+def test_train_then_resume_then_eval(tmp_path, tiny_dir, capsys):
+    common = [f"model.path={tiny_dir}", "model.autocast_bf16=false", "rollout.tasks_per_step=2", "rollout.group_size=2",
+              "rollout.max_new_tokens=2", "eval.num_tasks=2", "log.progress=false", "log.tensorboard=false",
+              f"log.run_dir={tmp_path / 'runs'}", "log.name=r", "algo.skip_zero_advantage=false"]
+    assert main(["train", "train.steps=1", *common]) == 0
+    run = tmp_path / "runs" / "r"
+    assert (run / "checkpoints" / "latest").read_text() == "step_000001"
+    assert main(["train", "--resume", str(run), "train.steps=2"]) == 0
+    assert (run / "checkpoints" / "latest").read_text() == "step_000002"
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(run), "--json", *common]) == 0
+    out = capsys.readouterr().out
+    assert "95% CI" in out
+    m = json.loads(out.strip().splitlines()[-1])
+    assert m["eval/num_tasks"] == 2.0 and 0.0 <= m["eval/success_ci_low"] <= m["eval/success_rate"] <= m["eval/success_ci_high"]
+
+
+def test_a_missing_model_directory_is_a_clear_error(tmp_path):
+    from turnrl.models import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError, match="never downloads"):
+        main(["eval", f"model.path={tmp_path / 'nope'}"])
+
+
+def test_play_reads_stdin(monkeypatch, capsys):
+    answers = iter(["Down", "q"])
+    monkeypatch.setattr("builtins.input", lambda _: next(answers))
+    assert main(["play", "frozenlake-v0", "map_name=4x4", "--seed", "0"]) == 0
+    assert "reward" in capsys.readouterr().out
