@@ -1,4 +1,4 @@
-"""Sokoban: pushing rules, solvable seeded puzzles, oracle, parsing, check_env."""
+"""Sokoban: pushing rules, corner deadlocks, solvable seeded puzzles, oracle, parsing, check_env."""
 
 import pytest
 
@@ -7,38 +7,63 @@ from turnrl.envs.sokoban import Puzzle, Sokoban, solve
 
 
 def test_push_rules():
-    p = Puzzle.parse(["######", "#P X_#", "#_XX_#", "#___O#", "######"])
-    p.walls.discard((1, 2))
-    assert p.push("Up") == (p.player, p.boxes)  # wall
-    p2 = Puzzle.parse(["#####", "#PX_#", "#_XO#", "#__O#", "#####"])
-    player, boxes = p2.push("Right")
-    assert player == (1, 2) and (1, 3) in boxes  # box pushed onto free floor
-    p3 = Puzzle.parse(["#####", "#PX##", "#___#", "#__O#", "#####"])
-    assert p3.push("Right") == (p3.player, p3.boxes)  # box against a wall does not move
-    p4 = Puzzle.parse(["######", "#PXX_#", "#____#", "#_OO_#", "######"])
-    assert p4.push("Right") == (p4.player, p4.boxes)  # two boxes in a row do not move
+    p = Puzzle.parse(["#####", "#PX_#", "#_XO#", "#__O#", "#####"])
+    assert p.moved("Up") == p  # wall
+    q = p.moved("Right")
+    assert q.player == (1, 2) and q.boxes == {(1, 3), (2, 2)}  # a box pushed onto free floor
+    assert q.moved("Right") == q  # a box against a wall does not move
+    r = p.moved("Down").moved("Right")
+    assert r.player == (2, 2) and r.boxes == {(1, 2), (2, 3)} and not r.solved  # pushed onto a target
+    two = Puzzle.parse(["######", "#PXX_#", "#____#", "#_OO_#", "######"])
+    assert two.moved("Right") == two  # two boxes in a row do not move
 
 
 def test_render_roundtrip_and_symbols():
-    rows = ["#####", "#S_X#", "#_√_#", "#__O#", "#####"]
-    assert Puzzle.parse(rows).render() == "\n".join(rows)
+    rows = ["#####", "#S_X#", "#_*_#", "#__O#", "#####"]
+    p = Puzzle.parse(rows)
+    assert p.render() == "\n".join(" ".join(row) for row in rows)
+    assert Puzzle.parse(p.render().splitlines()) == p
+    assert p.targets == {(1, 1), (2, 2), (3, 3)} and p.boxes == {(1, 3), (2, 2)}
+    with pytest.raises(ValueError, match="exactly one P"):
+        Puzzle.parse(["###", "#X#", "###"])
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_seeded_puzzles_are_solvable_and_the_oracle_solves_them(seed):
-    env = make("sokoban-v0", max_turns=60)
-    obs, _ = env.reset(seed=seed)
+    env = make("sokoban-v0")
+    obs, info = env.reset(seed=seed)
     plan = env.solve()
-    assert plan and not env.unwrapped.puzzle.solved
-    for a in plan:
+    assert not env.unwrapped.puzzle.solved and plan and len(plan) == info["optimal_length"]  # two searches agree
+    assert 4 <= len(plan) <= 10
+    for i, a in enumerate(plan):
         _, r, term, trunc, info = env.step(a)
-    assert term and info["success"] and r == 1.0
+        assert term == (i == len(plan) - 1) and not trunc
+    assert info["success"] and r == 1.0 and info["reward_components"] == {"outcome": 1.0}
 
 
-def test_two_box_puzzles():
-    env = Sokoban(size=7, num_boxes=2)
-    env.reset(seed=3)
-    assert len(env.puzzle.boxes) == 2 and solve(env.puzzle) is not None
+def test_multi_box_puzzles_and_difficulty_range():
+    env = Sokoban(size=7, num_boxes=2, min_solution=8, max_solution=12)
+    for seed in range(3):
+        _, info = env.reset(seed=seed)
+        assert len(env.puzzle.boxes) == 2 and 8 <= len(solve(env.puzzle)) == info["optimal_length"] <= 12
+    with pytest.raises(RuntimeError, match="smaller min_solution"):
+        Sokoban(size=5, min_solution=40, max_solution=40).reset(seed=0)
+
+
+def test_a_box_in_a_corner_is_a_deadlock():
+    env = Sokoban()
+    env.puzzle = Puzzle.parse(["#####", "#__O#", "#_X_#", "#__P#", "#####"])
+    env.step("Left")
+    _, _, term, _, info = env.step("Up")
+    assert env.puzzle.boxes == {(1, 2)} and not term and not info["deadlock"]  # against a wall, not in a corner
+    env.step("Right")
+    env.step("Up")
+    obs, r, term, trunc, info = env.step("Left")
+    assert env.puzzle.boxes == {(1, 1)}
+    assert term and not trunc and not info["success"] and info["deadlock"] and r == 0.0
+    assert obs.endswith("Deadlock: a box is stuck in a corner.") and env.solve() is None
+    corner_target = Puzzle.parse(["####", "#*P#", "####"])
+    assert not corner_target.deadlocked and corner_target.solved
 
 
 def test_same_seed_same_puzzle_different_seeds_differ():
@@ -46,20 +71,34 @@ def test_same_seed_same_puzzle_different_seeds_differ():
     assert len({Sokoban().reset(seed=s)[0] for s in range(10)}) > 5
 
 
-def test_invalid_text_gets_feedback():
+def test_invalid_text_gets_feedback_and_parsing_is_free_text():
     env = Sokoban()
     obs0, _ = env.reset(seed=0)
     obs, r, term, trunc, info = env.step("push it real good")
-    assert "Invalid action" in obs and obs0 in obs and not info["valid"] and r == 0.0
+    assert obs == "Invalid action. Answer with one of: Up, Down, Left, Right.\n" + obs0
+    assert not info["valid"] and r == 0.0 and not term and env.render() == obs0
+    plan = env.solve()
+    _, _, _, _, info = env.step(f"I will go <answer>{plan[0].lower()}.</answer>")
+    assert info["valid"] and info["actions"] == [plan[0]]
+
+
+def test_several_actions_per_turn_stop_when_solved():
+    env = Sokoban(max_actions_per_turn=20)
+    env.reset(seed=2)
+    plan = env.solve()
+    _, r, term, _, info = env.step(" ".join(plan + ["Up", "Down"]))
+    assert term and r == 1.0 and info["actions"] == plan
 
 
 def test_examples_and_anchor():
     env = Sokoban()
     env.reset(seed=1)
     assert env.anchor() == env.render()
-    assert [a for _, a in env.examples()] == solve(Puzzle.parse(["#####", "#P__#", "#_X_#", "#__O#", "#####"]))[:2]
+    ex = env.examples()
+    assert [a for _, a in ex] == ["Down", "Up"]
+    assert [solve(Puzzle.parse(obs.splitlines()))[0] for obs, _ in ex] == ["Down", "Up"]
 
 
 def test_check_env():
-    check_env("sokoban-v0")
-    check_env("sokoban-v0", num_boxes=2, size=7, max_turns=40)
+    check_env("sokoban-v0", random_tasks=True)
+    check_env("sokoban-v0", num_boxes=2, size=7, max_turns=40, random_tasks=True)

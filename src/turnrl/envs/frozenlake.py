@@ -1,17 +1,34 @@
-"""FrozenLake as text, with Gymnasium's semantics.
+"""FrozenLake as text, with Gymnasium's semantics (``gymnasium.envs.toy_text.frozen_lake``).
 
 Actions ``Left``, ``Down``, ``Right``, ``Up``. Map symbols: ``S`` start, ``F`` frozen, ``H`` hole, ``G`` goal.
-A move into the wall leaves the player in place. Reaching ``G`` terminates with success and outcome reward 1;
-falling into ``H`` terminates with reward 0. In slippery mode the intended move happens with probability
-1/3 and each perpendicular move with 1/3 (never backwards), as in Gymnasium's ``is_slippery=True``.
+A move into the wall leaves the player in place. Reaching ``G`` terminates with success and outcome reward
+1; falling into ``H`` terminates with reward 0 and no success. In slippery mode the player moves in the
+intended direction with probability 1/3 and in each perpendicular direction with 1/3, never backwards
+(Gymnasium's ``is_slippery=True``). Each action of a turn slips independently; a turn stops at a hole or
+the goal, and ``info["actions"]`` lists the actions executed (as intended, not as slipped).
 
 Maps: Gymnasium's standard ``4x4`` and ``8x8``, an explicit ``desc``, or ``random`` maps (the default) drawn
-from the reset seed, S top-left and G bottom-right, frozen with probability ``p_frozen``, redrawn until a
-path exists (so every map is solvable).
+like Gymnasium's ``generate_random_map`` (same distribution, not the same draws): each cell frozen with
+probability ``p_frozen``, ``S`` top-left, ``G`` bottom-right, redrawn until a path from S to G exists.
 
-Rendering is compact on purpose (every prompt token costs training time on a small model): the grid with
-the player as ``P``, one line per row with no separators (``PFFH`` is 2-3 tokens with a BPE tokenizer), and,
-with ``show_hints``, one line naming what lies in each direction (``Left: wall, Down: frozen, ...``).
+Randomness: one ``random.Random`` per env. ``reset(seed=s)`` reseeds it, so the same seed gives the same map
+and the same slips; ``reset()`` without a seed continues it. The global RNG is never used.
+
+Rendering is compact because every prompt token costs training time on a small model, and cell-aligned
+because a small model has to find its way around the grid. Cells are separated by spaces: with a BPE
+tokenizer (SmolLM2) ``P F F F`` is exactly one token per cell (``P``, `` F``, `` F``, `` F``), whereas
+``PFFF`` merges cells unpredictably (``P``, ``FF``, ``F``), so the same column is a different token
+position in every row. With ``show_hints`` two lines follow: what lies one step in each direction, and
+where the goal is. A 4x4 observation is about 45 tokens::
+
+    P F F F
+    F H F H
+    F F F H
+    H F F G
+    Left: wall, Down: frozen, Right: frozen, Up: wall
+    Goal: 3 down, 3 right
+
+A terminal observation ends with ``You reached the goal.`` or ``You fell into a hole.`` instead of hints.
 """
 
 from __future__ import annotations
@@ -23,45 +40,52 @@ from typing import Any
 from turnrl.envs.base import Env
 from turnrl.envs.parsing import parse_actions
 
-ACTIONS = ("Left", "Down", "Right", "Up")
-MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
-# Gymnasium's perpendicular slips: for action a, the outcomes are (a-1) % 4, a, (a+1) % 4 in LDRU order.
-_SLIPS = {a: (ACTIONS[(i - 1) % 4], a, ACTIONS[(i + 1) % 4]) for i, a in enumerate(ACTIONS)}
+Pos = tuple[int, int]
+
+ACTIONS = ("Left", "Down", "Right", "Up")  # Gymnasium's action order 0..3
+MOVES: dict[str, Pos] = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+# Gymnasium's slips: action i moves as (i - 1) % 4, i or (i + 1) % 4, each with probability 1/3.
+SLIPS = {a: (ACTIONS[(i - 1) % 4], a, ACTIONS[(i + 1) % 4]) for i, a in enumerate(ACTIONS)}
 
 MAPS = {
     "4x4": ["SFFF", "FHFH", "FFFH", "HFFG"],
     "8x8": ["SFFFFFFF", "FFFFFFFF", "FFFHFFFF", "FFFFFHFF", "FFFHFFFF", "FHHFFFHF", "FHFFHFHF", "FFFHFFFG"],
 }
+INVALID_FEEDBACK = "Invalid action. Answer with one of: Left, Down, Right, Up."
 _CELL_NAMES = {"S": "frozen", "F": "frozen", "H": "hole", "G": "goal"}
-# Fixed maps for the few-shot examples; they are not drawn from any seed.
-_EXAMPLES = [(["SFFF", "FHFH", "FFFH", "HFFG"], (0, 0)), (["SFFH", "HFFF", "FFHF", "HHFG"], (1, 1))]  # answers: Down, Right
+# Fixed maps and positions for the few-shot examples; not drawn from any seed. Oracle moves: Down, Right.
+_EXAMPLES: list[tuple[list[str], Pos]] = [(["SFF", "FHF", "FFG"], (0, 0)), (["SFH", "HFF", "HHG"], (1, 1))]
 
 
-def shortest_path(desc: list[str], start: tuple[int, int]) -> list[str] | None:
-    """BFS over deterministic moves from ``start`` to ``G`` avoiding holes; None if unreachable."""
-    n_rows, n_cols = len(desc), len(desc[0])
+def shortest_path(desc: list[str], start: Pos) -> list[str] | None:
+    """BFS over deterministic moves from ``start`` to a ``G`` avoiding holes; None if no path exists.
+
+    Ties between equally short paths break by the action order Left, Down, Right, Up.
+    """
     if desc[start[0]][start[1]] == "H":
         return None
-    prev: dict[tuple[int, int], tuple[tuple[int, int], str] | None] = {start: None}
+    parent: dict[Pos, tuple[Pos, str] | None] = {start: None}
     queue = deque([start])
     while queue:
         pos = queue.popleft()
         if desc[pos[0]][pos[1]] == "G":
-            path = []
-            while prev[pos] is not None:
-                pos, action = prev[pos]  # type: ignore[misc]
+            path: list[str] = []
+            link = parent[pos]
+            while link is not None:
+                pos, action = link
                 path.append(action)
+                link = parent[pos]
             return path[::-1]
         for action in ACTIONS:
-            nxt = _move(pos, action, n_rows, n_cols)
-            if nxt not in prev and desc[nxt[0]][nxt[1]] != "H":
-                prev[nxt] = (pos, action)
+            nxt = _move(desc, pos, action)
+            if nxt not in parent and desc[nxt[0]][nxt[1]] != "H":
+                parent[nxt] = (pos, action)
                 queue.append(nxt)
     return None
 
 
 def random_map(rng: random.Random, size: int = 4, p_frozen: float = 0.8) -> list[str]:
-    """A solvable random map (S top-left, G bottom-right), as Gymnasium's ``generate_random_map``."""
+    """A ``size`` x ``size`` map with a path from ``S`` (top-left) to ``G`` (bottom-right), drawn from ``rng``."""
     while True:
         grid = [["F" if rng.random() < p_frozen else "H" for _ in range(size)] for _ in range(size)]
         grid[0][0], grid[-1][-1] = "S", "G"
@@ -70,16 +94,38 @@ def random_map(rng: random.Random, size: int = 4, p_frozen: float = 0.8) -> list
             return desc
 
 
-def _move(pos: tuple[int, int], action: str, n_rows: int, n_cols: int) -> tuple[int, int]:
+def _move(desc: list[str], pos: Pos, action: str) -> Pos:
+    """Where ``action`` leads from ``pos``; a move into the wall stays in place."""
     dr, dc = MOVES[action]
     r, c = pos[0] + dr, pos[1] + dc
-    return (r, c) if 0 <= r < n_rows and 0 <= c < n_cols else pos
+    return (r, c) if 0 <= r < len(desc) and 0 <= c < len(desc[0]) else pos
+
+
+def _validate_desc(desc: list[str]) -> None:
+    if not desc or any(len(row) != len(desc[0]) for row in desc) or not desc[0]:
+        raise ValueError(f"desc={desc!r} must be a non-empty list of equally long row strings")
+    cells = "".join(desc)
+    if set(cells) - set("SFHG") or cells.count("S") != 1 or "G" not in cells:
+        raise ValueError(f"desc={desc!r} must use only S, F, H, G, with exactly one S and at least one G")
 
 
 class FrozenLake(Env):
+    """Walk from ``S`` to ``G`` on a frozen lake without falling into a hole ``H`` (see the module docstring).
+
+    Args:
+        map_name: ``"4x4"`` or ``"8x8"`` (Gymnasium's maps) or ``"random"`` (a solvable map per seed).
+        size: side of random maps.
+        p_frozen: probability that a cell of a random map is frozen.
+        slippery: Gymnasium's ``is_slippery``: each move goes as intended or sideways, 1/3 each.
+        desc: an explicit map (row strings); overrides ``map_name``.
+        max_actions_per_turn: how many actions one response may carry; extra ones are ignored.
+        show_hints: add the neighbour and goal-direction lines to observations.
+    """
+
     instructions = (
-        "You play FrozenLake. Move the player P to the goal G without stepping into a hole H. "
-        "Answer with one action: Left, Down, Right or Up."
+        "You play FrozenLake. The grid shows you (P), frozen ice (F), holes (H) and the goal (G). "
+        "Reach G without stepping into a hole. Answer with one action word: Left, Down, Right or Up, "
+        "for example <answer>Right</answer>."
     )
 
     def __init__(
@@ -92,64 +138,74 @@ class FrozenLake(Env):
         max_actions_per_turn: int = 1,
         show_hints: bool = True,
     ) -> None:
-        if desc is None and map_name not in (*MAPS, "random"):
-            raise ValueError(f"map_name={map_name!r} is not one of {sorted(MAPS)} or 'random'")
+        if map_name not in (*MAPS, "random"):
+            raise ValueError(f"map_name={map_name!r} must be one of {[*MAPS, 'random']}")
         if not 2 <= size <= 16:
             raise ValueError(f"size={size} must be between 2 and 16")
         if not 0.0 < p_frozen <= 1.0:
             raise ValueError(f"p_frozen={p_frozen} must be in (0, 1]")
         if max_actions_per_turn < 1:
-            raise ValueError("max_actions_per_turn must be >= 1")
-        self.map_name, self.size, self.p_frozen = map_name, size, p_frozen
-        self.slippery, self.fixed_desc = slippery, desc
+            raise ValueError(f"max_actions_per_turn={max_actions_per_turn} must be >= 1")
+        if desc is not None:
+            _validate_desc(desc)
+        self.map_name, self.size, self.p_frozen, self.slippery = map_name, size, p_frozen, slippery
+        self.fixed_desc = list(desc) if desc is not None else None
         self.max_actions_per_turn, self.show_hints = max_actions_per_turn, show_hints
-        self.desc: list[str] = list(desc or MAPS.get(map_name, MAPS["4x4"]))
-        self.pos = (0, 0)
+        self._rng = random.Random()
+        self.desc: list[str] = self.fixed_desc or MAPS.get(map_name, MAPS["4x4"])
+        self.pos: Pos = (0, 0)
         self.done = False
-        self._rng = random.Random(0)
 
-    # ---- Env contract ----------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        self._rng = random.Random(seed)
+        """Start on the map for ``seed`` (random maps) at ``S``. ``info["map"]`` holds the map rows."""
+        if seed is not None:
+            self._rng = random.Random(seed)
         if self.fixed_desc is not None:
-            self.desc = list(self.fixed_desc)
+            self.desc = self.fixed_desc
         elif self.map_name == "random":
-            self.desc = random_map(random.Random(seed), self.size, self.p_frozen)
+            self.desc = random_map(self._rng, self.size, self.p_frozen)
         else:
-            self.desc = list(MAPS[self.map_name])
+            self.desc = MAPS[self.map_name]
         self.pos = next((r, c) for r, row in enumerate(self.desc) for c, ch in enumerate(row) if ch == "S")
         self.done = False
         return self.render(), {"map": list(self.desc)}
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Execute up to ``max_actions_per_turn`` actions parsed from ``action_text``.
+
+        Text without an action leaves the state unchanged: the observation is the feedback line plus the
+        current state, reward 0, ``info["valid"] = False``. Reward components: ``"outcome"`` (1.0 on the goal).
+        Calling ``step`` after termination is an error (``RuntimeError``): call ``reset``.
+        """
         if self.done:
-            raise RuntimeError("step() after the episode terminated; call reset()")
+            raise RuntimeError("step() after the episode terminated; call reset() first")
         actions = parse_actions(action_text, ACTIONS, self.max_actions_per_turn)
-        info: dict[str, Any] = {"actions": actions, "valid": bool(actions), "success": False}
         if not actions:
-            info["reward_components"] = {"outcome": 0.0}
-            feedback = "Invalid action. Answer with one of: Left, Down, Right, Up.\n"
-            return feedback + self.render(), 0.0, False, False, info
-        n_rows, n_cols = len(self.desc), len(self.desc[0])
+            info = {"actions": [], "valid": False, "success": False, "reward_components": {"outcome": 0.0}}
+            return f"{INVALID_FEEDBACK}\n{self.render()}", 0.0, False, False, info
         executed = []
         for action in actions:
-            actual = self._rng.choice(_SLIPS[action]) if self.slippery else action
-            self.pos = _move(self.pos, actual, n_rows, n_cols)
+            moved = self._rng.choice(SLIPS[action]) if self.slippery else action
+            self.pos = _move(self.desc, self.pos, moved)
             executed.append(action)
             if self.cell in "HG":
                 break
         success = self.cell == "G"
         self.done = self.cell in "HG"
-        info.update(actions=executed, success=success, reward_components={"outcome": 1.0 if success else 0.0})
-        return self.render(), 1.0 if success else 0.0, self.done, False, info
+        reward = 1.0 if success else 0.0
+        info = {"actions": executed, "valid": True, "success": success, "reward_components": {"outcome": reward}}
+        return self.render(), reward, self.done, False, info
 
     def anchor(self) -> str:
+        """``"<rows joined by />@<row>,<col>"``: the map and the player's position."""
         return "/".join(self.desc) + f"@{self.pos[0]},{self.pos[1]}"
 
     def solve(self) -> list[str] | None:
+        """The shortest deterministic path to the goal (also in slippery mode, where it may not succeed)."""
         return shortest_path(self.desc, self.pos)
 
     def examples(self) -> list[tuple[str, str]]:
+        """Two (observation, oracle action word) pairs on fixed 3x3 maps, rendered like real observations."""
         out = []
         for desc, pos in _EXAMPLES:
             path = shortest_path(desc, pos)
@@ -160,19 +216,36 @@ class FrozenLake(Env):
     def render(self) -> str:
         return self._render(self.desc, self.pos)
 
-    # ---- helpers ---------------------------------------------------------------------------------
     @property
     def cell(self) -> str:
+        """The map symbol under the player."""
         return self.desc[self.pos[0]][self.pos[1]]
 
-    def _render(self, desc: list[str], pos: tuple[int, int]) -> str:
-        rows = ["".join("P" if (r, c) == pos else ch for c, ch in enumerate(row)) for r, row in enumerate(desc)]
-        text = "\n".join(rows)
-        if self.show_hints:
-            n_rows, n_cols = len(desc), len(desc[0])
-            parts = []
+    def _render(self, desc: list[str], pos: Pos) -> str:
+        lines = [" ".join("P" if (r, c) == pos else ch for c, ch in enumerate(row)) for r, row in enumerate(desc)]
+        cell = desc[pos[0]][pos[1]]
+        if cell == "G":
+            lines.append("You reached the goal.")
+        elif cell == "H":
+            lines.append("You fell into a hole.")
+        elif self.show_hints:
+            around = []
             for action in ACTIONS:
-                nxt = _move(pos, action, n_rows, n_cols)
-                parts.append(f"{action}: {'wall' if nxt == pos else _CELL_NAMES[desc[nxt[0]][nxt[1]]]}")
-            text += "\n" + ", ".join(parts)
-        return text
+                nxt = _move(desc, pos, action)
+                around.append(f"{action}: {'wall' if nxt == pos else _CELL_NAMES[desc[nxt[0]][nxt[1]]]}")
+            lines.append(", ".join(around))
+            lines.append(f"Goal: {_direction_to_goal(desc, pos)}")
+        return "\n".join(lines)
+
+
+def _direction_to_goal(desc: list[str], pos: Pos) -> str:
+    """``"2 down, 3 right"``: rows then columns from ``pos`` to the nearest ``G``; zero offsets are left out."""
+    goals = [(r, c) for r, row in enumerate(desc) for c, ch in enumerate(row) if ch == "G"]
+    gr, gc = min(goals, key=lambda g: abs(g[0] - pos[0]) + abs(g[1] - pos[1]))
+    dr, dc = gr - pos[0], gc - pos[1]
+    parts = []
+    if dr:
+        parts.append(f"{abs(dr)} {'down' if dr > 0 else 'up'}")
+    if dc:
+        parts.append(f"{abs(dc)} {'right' if dc > 0 else 'left'}")
+    return ", ".join(parts)

@@ -3,13 +3,17 @@
     register("frozenlake-v0", "turnrl.envs.frozenlake:FrozenLake", description="...", max_turns=8)
     env = make("frozenlake-v0", slippery=True, max_turns=12)
 
-``make`` builds the env from its entry point and wraps it with the standard wrappers, configured by the
-keyword arguments that belong to them (the rest go to the env's constructor):
+Ids look like ``name-vN`` (lower case letters, digits, ``_ . -``, then a version): a changed env gets a new
+version rather than silently changing an old id. The entry point is imported on the first ``make``.
 
-- ``max_turns`` -> :class:`TurnLimit` (default: the registration's, else 16);
-- ``invalid_penalty`` -> :class:`InvalidActionPenalty` (default 0: no penalty);
-- ``progress_reward`` -> :class:`OracleProgress` (default 0: off);
-- :class:`EpisodeStatistics`, always.
+``make`` builds the env from its entry point with the keyword arguments over the registered defaults, and
+wraps it with the standard wrappers, configured by the keywords that belong to them (the rest go to the
+env's constructor), innermost first:
+
+- ``progress_reward`` -> :class:`OracleProgress` (default 0: not applied);
+- ``invalid_penalty`` -> :class:`InvalidActionPenalty` (default 0: not applied);
+- ``max_turns`` -> :class:`TurnLimit` (default: the registration's, else ``DEFAULT_MAX_TURNS``);
+- :class:`EpisodeStatistics`, always (outermost, so it sees every other wrapper's reward and truncation).
 """
 
 from __future__ import annotations
@@ -25,28 +29,32 @@ from typing import Any
 from turnrl.envs.base import Env
 from turnrl.envs.wrappers import EpisodeStatistics, InvalidActionPenalty, OracleProgress, TurnLimit
 
-_ID = re.compile(r"^[a-z0-9][a-z0-9_.]*-v\d+$")
+DEFAULT_MAX_TURNS = 16
 WRAPPER_KWARGS = ("max_turns", "invalid_penalty", "progress_reward")
+_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*-v\d+$")
 
 
 class UnknownEnvError(KeyError):
-    def __str__(self) -> str:  # KeyError quotes its message; show it plainly
+    """``make`` or ``spec`` got an id that is not registered; the message lists the registered ids."""
+
+    def __str__(self) -> str:  # KeyError would show the message quoted
         return str(self.args[0])
 
 
 @dataclass
 class EnvSpec:
+    """A registration: the id, where the env class lives, and the default keyword arguments for ``make``."""
+
     env_id: str
     entry_point: str | Callable[..., Env]
     description: str = ""
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def load(self) -> Callable[..., Env]:
+        """The env class (or factory), importing its module on first use."""
         if callable(self.entry_point):
             return self.entry_point
         module, _, attr = self.entry_point.partition(":")
-        if not attr:
-            raise ValueError(f"entry point {self.entry_point!r} of {self.env_id} must look like 'package.module:Class'")
         return getattr(importlib.import_module(module), attr)
 
 
@@ -54,20 +62,27 @@ _REGISTRY: dict[str, EnvSpec] = {}
 
 
 def register(env_id: str, entry_point: str | Callable[..., Env], *, description: str = "", **default_kwargs: Any) -> None:
-    """Register ``env_id`` (``name-vN``). Registering an id twice is an error."""
+    """Register ``env_id`` (``name-vN``) built by ``entry_point`` (``"package.module:Class"`` or a callable).
+
+    ``default_kwargs`` are the defaults for :func:`make` (constructor and wrapper keywords alike).
+    Raises ``ValueError`` for a malformed id or entry point, or an id that is already registered.
+    """
     if not _ID.match(env_id):
-        raise ValueError(f"env id {env_id!r} must look like 'name-v0' (lower case, a version suffix)")
+        raise ValueError(f"env id {env_id!r} must look like 'name-v0' (lower case letters, digits, '_', '.', '-', then -vN)")
     if env_id in _REGISTRY:
-        raise ValueError(f"env id {env_id!r} is already registered; bump the version (e.g. '{_bump(env_id)}') for a new variant")
+        raise ValueError(f"env id {env_id!r} is already registered; register a new version (e.g. '{_bump(env_id)}') instead")
+    if isinstance(entry_point, str) and not re.match(r"^[\w.]+:\w+$", entry_point):
+        raise ValueError(f"entry point {entry_point!r} of {env_id} must look like 'package.module:Class'")
     _REGISTRY[env_id] = EnvSpec(env_id, entry_point, description, dict(default_kwargs))
 
 
 def registered() -> dict[str, str]:
-    """Every registered id with its one-line description."""
-    return {k: v.description for k, v in sorted(_REGISTRY.items())}
+    """Every registered id (sorted) with its one-line description."""
+    return {env_id: s.description for env_id, s in sorted(_REGISTRY.items())}
 
 
 def spec(env_id: str) -> EnvSpec:
+    """The registration of ``env_id``; :class:`UnknownEnvError` (naming the closest id) if there is none."""
     if env_id not in _REGISTRY:
         close = difflib.get_close_matches(env_id, list(_REGISTRY), n=1, cutoff=0.4)
         hint = f" Did you mean '{close[0]}'?" if close else ""
@@ -76,31 +91,35 @@ def spec(env_id: str) -> EnvSpec:
 
 
 def make(env_id: str, **kwargs: Any) -> Env:
-    """Build ``env_id`` with ``kwargs`` over its registered defaults, wrapped by the standard wrappers."""
+    """Build ``env_id`` with ``kwargs`` over its registered defaults, wrapped by the standard wrappers.
+
+    Raises :class:`UnknownEnvError` for an unknown id and ``TypeError`` naming the keyword (and the valid
+    ones) when a keyword is neither a constructor argument nor a wrapper keyword.
+    """
     s = spec(env_id)
     merged = {**s.kwargs, **kwargs}
-    wrap = {k: merged.pop(k) for k in WRAPPER_KWARGS if k in merged}
-    cls = s.load()
-    _check_kwargs(env_id, cls, merged)
-    env: Env = cls(**merged)
-    if wrap.get("progress_reward"):
-        env = OracleProgress(env, wrap["progress_reward"])
-    if wrap.get("invalid_penalty"):
-        env = InvalidActionPenalty(env, wrap["invalid_penalty"])
-    env = TurnLimit(env, int(wrap.get("max_turns", 16)))
+    wrapper_kwargs = {k: merged.pop(k) for k in WRAPPER_KWARGS if k in merged}
+    factory = s.load()
+    _check_kwargs(env_id, factory, merged)
+    env = factory(**merged)
+    if wrapper_kwargs.get("progress_reward"):
+        env = OracleProgress(env, wrapper_kwargs["progress_reward"])
+    if wrapper_kwargs.get("invalid_penalty"):
+        env = InvalidActionPenalty(env, wrapper_kwargs["invalid_penalty"])
+    env = TurnLimit(env, int(wrapper_kwargs.get("max_turns", DEFAULT_MAX_TURNS)))
     return EpisodeStatistics(env)
 
 
-def _check_kwargs(env_id: str, cls: Callable[..., Env], kwargs: dict[str, Any]) -> None:
-    params = inspect.signature(cls).parameters
+def _check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
+    params = inspect.signature(factory).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         return
     valid = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)] + list(WRAPPER_KWARGS)
-    for k in kwargs:
-        if k not in valid:
-            close = difflib.get_close_matches(k, valid, n=1, cutoff=0.5)
+    for name in kwargs:
+        if name not in valid:
+            close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
             hint = f" Did you mean '{close[0]}'?" if close else ""
-            raise TypeError(f"{env_id} has no argument '{k}'.{hint} Valid: {', '.join(valid)}")
+            raise TypeError(f"{env_id} has no argument '{name}'.{hint} Valid arguments: {', '.join(valid)}")
 
 
 def _bump(env_id: str) -> str:

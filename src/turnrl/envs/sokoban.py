@@ -1,216 +1,323 @@
-"""Sokoban as text, with seeded procedural puzzles that are solvable by construction (and checked).
+"""Sokoban as text, with seeded procedural puzzles that are solvable by construction.
 
-Actions ``Up``, ``Down``, ``Left``, ``Right`` move the player; walking into a box pushes it when the cell
-behind it is free. All boxes on targets terminates with success and outcome reward 1. There is no
-deadlock detection: an unsolvable position simply runs into the turn limit (truncation).
+Actions ``Up``, ``Down``, ``Left``, ``Right`` move the player; walking into a box pushes it one cell when
+the cell behind it is free (not a wall, not a box); otherwise nothing moves. Boxes cannot be pulled.
 
-Generation (as in gym-sokoban / Boxoban): a walled room with a few random interior walls, boxes placed on
-targets, then a random walk of *reverse* moves from that solved state in which the player may pull a box
-behind it. Every reverse move can be undone by a push, so the start state is solvable; the BFS solver
-confirms it and a puzzle that is already solved or needs more than ``max_solution`` moves is redrawn.
+- All boxes on targets: terminated, success, outcome reward 1.
+- A box off target in a corner (a wall above or below it *and* a wall left or right of it) can never
+  move again, so the puzzle is lost: terminated, no success, reward 0, ``info["deadlock"] = True``.
+  Other deadlocks (boxes against each other, along a wall) are not detected; those episodes run into
+  the turn limit (truncation).
 
-Text symbols (gym-sokoban's text convention): ``#`` wall, ``_`` floor, ``O`` target, ``X`` box, ``√`` box on
-target, ``P`` player, ``S`` player on target.
+Generation (the idea of gym-sokoban / Boxoban's reverse playing, made exhaustive): a square room walled
+on its border with a few random interior walls (redrawn until the floor is connected), boxes on randomly
+chosen targets, then a breadth-first search of *reverse* moves from every solved state, where the player
+may pull the box behind it. A reverse move is exactly undone by a forward move, so the BFS depth of a
+state is its shortest solution length. The start state is drawn from the states whose depth lies in
+``[min_solution, max_solution]`` (the depth uniformly, then a state of that depth uniformly), so every
+puzzle is solvable, not already solved, and of controlled difficulty. ``reset`` puts that length in
+``info["optimal_length"]``. One ``random.Random`` per env, reseeded by ``reset(seed=s)``.
+
+Text symbols (RAGEN's text convention, except ``*`` for a box on a target as in the XSB level format,
+because ``√`` is two byte-level tokens in SmolLM2's tokenizer): ``#`` wall, ``_`` floor, ``O`` target,
+``X`` box, ``*`` box on target, ``P`` player, ``S`` player on target. Cells are separated by spaces, one
+token per cell, as in FrozenLake; a 6x6 room is about 41 tokens. There are no hint lines.
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from turnrl.envs.base import Env
 from turnrl.envs.parsing import parse_actions
 
-ACTIONS = ("Up", "Down", "Left", "Right")
-MOVES = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
 Pos = tuple[int, int]
+State = tuple[Pos, frozenset[Pos]]  # (player, boxes)
 
-# A fixed puzzle for the few-shot examples (not drawn from any seed).
-_EXAMPLE = ["#####", "#P__#", "#_X_#", "#__O#", "#####"]
+ACTIONS = ("Up", "Down", "Left", "Right")
+MOVES: dict[str, Pos] = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
+INVALID_FEEDBACK = "Invalid action. Answer with one of: Up, Down, Left, Right."
+DEADLOCK_LINE = "Deadlock: a box is stuck in a corner."
+# Fixed puzzles for the few-shot examples (not drawn from any seed). Oracle first moves: Down, Up.
+_EXAMPLES = [
+    ["#####", "#P__#", "#_X_#", "#__O#", "#####"],
+    ["#####", "#O__#", "#_X_#", "#__P#", "#####"],
+]
+_INTERIOR_WALL_P = 0.12
 
 
+@dataclass(frozen=True)
 class Puzzle:
-    """Static layout (walls, targets) plus the dynamic state (player, boxes)."""
+    """A Sokoban position: the static layout (walls, targets) and the dynamic state (player, boxes)."""
 
-    def __init__(self, walls: set[Pos], targets: frozenset[Pos], player: Pos, boxes: frozenset[Pos], size: tuple[int, int]):
-        self.walls, self.targets, self.player, self.boxes, self.size = walls, targets, player, boxes, size
+    walls: frozenset[Pos]
+    targets: frozenset[Pos]
+    player: Pos
+    boxes: frozenset[Pos]
+    shape: tuple[int, int]  # (rows, columns)
 
     @classmethod
-    def parse(cls, rows: list[str]) -> "Puzzle":
-        walls, targets, boxes = set(), set(), set()
-        player = (0, 0)
-        for r, row in enumerate(rows):
-            for c, ch in enumerate(row):
-                if ch == "#":
-                    walls.add((r, c))
-                if ch in "O√S":
-                    targets.add((r, c))
-                if ch in "X√":
-                    boxes.add((r, c))
-                if ch in "PS":
-                    player = (r, c)
-        return cls(walls, frozenset(targets), player, frozenset(boxes), (len(rows), len(rows[0])))
+    def parse(cls, rows: list[str]) -> Puzzle:
+        """Read rows of symbols (spaces between cells are ignored, so ``parse`` reads ``render``'s output)."""
+        grid = [row.replace(" ", "") for row in rows]
+        cells = {(r, c): ch for r, row in enumerate(grid) for c, ch in enumerate(row)}
+        players = [p for p, ch in cells.items() if ch in "PS"]
+        if len(players) != 1 or set(cells.values()) - set("#_OX*PS"):
+            raise ValueError(f"a Sokoban puzzle needs exactly one P or S and only the symbols # _ O X * P S: {rows!r}")
+        return cls(
+            walls=frozenset(p for p, ch in cells.items() if ch == "#"),
+            targets=frozenset(p for p, ch in cells.items() if ch in "O*S"),
+            player=players[0],
+            boxes=frozenset(p for p, ch in cells.items() if ch in "X*"),
+            shape=(len(grid), max(len(row) for row in grid)),
+        )
 
     def render(self) -> str:
-        rows = []
-        for r in range(self.size[0]):
-            line = []
-            for c in range(self.size[1]):
-                p = (r, c)
-                if p in self.walls:
-                    line.append("#")
-                elif p == self.player:
-                    line.append("S" if p in self.targets else "P")
-                elif p in self.boxes:
-                    line.append("√" if p in self.targets else "X")
-                else:
-                    line.append("O" if p in self.targets else "_")
-            rows.append("".join(line))
-        return "\n".join(rows)
+        """The grid, one line per row, cells separated by spaces."""
+        return "\n".join(" ".join(self._symbol((r, c)) for c in range(self.shape[1])) for r in range(self.shape[0]))
+
+    def _symbol(self, p: Pos) -> str:
+        if p in self.walls:
+            return "#"
+        if p == self.player:
+            return "S" if p in self.targets else "P"
+        if p in self.boxes:
+            return "*" if p in self.targets else "X"
+        return "O" if p in self.targets else "_"
+
+    @property
+    def state(self) -> State:
+        return self.player, self.boxes
 
     @property
     def solved(self) -> bool:
         return self.boxes == self.targets
 
-    def push(self, action: str) -> tuple[Pos, frozenset[Pos]]:
-        """The (player, boxes) after ``action``; unchanged when blocked."""
-        dr, dc = MOVES[action]
-        nxt = (self.player[0] + dr, self.player[1] + dc)
-        if nxt in self.walls:
-            return self.player, self.boxes
-        if nxt in self.boxes:
-            beyond = (nxt[0] + dr, nxt[1] + dc)
-            if beyond in self.walls or beyond in self.boxes:
-                return self.player, self.boxes
-            return nxt, (self.boxes - {nxt}) | {beyond}
-        return nxt, self.boxes
+    @property
+    def deadlocked(self) -> bool:
+        """Whether a box off target sits in a corner, from where it can never move."""
+        return any(_cornered(self.walls, box) for box in self.boxes - self.targets)
+
+    def moved(self, action: str) -> Puzzle:
+        """The position after ``action`` (itself when the move is blocked)."""
+        player, boxes = _forward(self.walls, self.state, action)
+        return Puzzle(self.walls, self.targets, player, boxes, self.shape)
+
+
+def _forward(walls: frozenset[Pos], state: State, action: str) -> State:
+    (r, c), boxes = state
+    dr, dc = MOVES[action]
+    nxt = (r + dr, c + dc)
+    if nxt in walls:
+        return state
+    if nxt in boxes:
+        beyond = (r + 2 * dr, c + 2 * dc)
+        if beyond in walls or beyond in boxes:
+            return state
+        return nxt, (boxes - {nxt}) | {beyond}
+    return nxt, boxes
+
+
+def _reverse(walls: frozenset[Pos], state: State) -> list[State]:
+    """Every state from which one forward move leads to ``state``: step back, or step back pulling a box."""
+    (r, c), boxes = state
+    out = []
+    for dr, dc in MOVES.values():
+        back = (r - dr, c - dc)  # where the player came from
+        if back in walls or back in boxes:
+            continue
+        out.append((back, boxes))
+        pushed = (r + dr, c + dc)  # a box the forward move would have pushed here
+        if pushed in boxes:
+            out.append((back, (boxes - {pushed}) | {(r, c)}))
+    return out
+
+
+def _cornered(walls: frozenset[Pos], p: Pos) -> bool:
+    r, c = p
+    return ((r - 1, c) in walls or (r + 1, c) in walls) and ((r, c - 1) in walls or (r, c + 1) in walls)
 
 
 def solve(puzzle: Puzzle, max_states: int = 200_000) -> list[str] | None:
-    """BFS over (player, boxes): a shortest push/move sequence to the solved state, None if none is found."""
-    start = (puzzle.player, puzzle.boxes)
-    prev: dict[tuple[Pos, frozenset[Pos]], tuple[tuple[Pos, frozenset[Pos]], str] | None] = {start: None}
+    """BFS over (player, boxes): a shortest action list to the solved state.
+
+    Ties break by the action order Up, Down, Left, Right. Returns None when the puzzle is unsolvable, or
+    when no solution is found within ``max_states`` visited states (generated puzzles stay far below).
+    States with a cornered box are not expanded (no solution passes through them).
+    """
+    start = puzzle.state
+    parent: dict[State, tuple[State, str] | None] = {start: None}
     queue = deque([start])
-    probe = Puzzle(puzzle.walls, puzzle.targets, puzzle.player, puzzle.boxes, puzzle.size)
-    while queue and len(prev) <= max_states:
+    while queue and len(parent) <= max_states:
         state = queue.popleft()
         if state[1] == puzzle.targets:
-            path = []
-            while prev[state] is not None:
-                state, action = prev[state]  # type: ignore[misc]
+            path: list[str] = []
+            link = parent[state]
+            while link is not None:
+                state, action = link
                 path.append(action)
+                link = parent[state]
             return path[::-1]
-        probe.player, probe.boxes = state
+        if any(_cornered(puzzle.walls, box) for box in state[1] - puzzle.targets):
+            continue
         for action in ACTIONS:
-            nxt = probe.push(action)
-            if nxt not in prev:
-                prev[nxt] = (state, action)
+            nxt = _forward(puzzle.walls, state, action)
+            if nxt not in parent:
+                parent[nxt] = (state, action)
                 queue.append(nxt)
     return None
 
 
-def generate(rng: random.Random, size: int, num_boxes: int, max_solution: int = 30, tries: int = 200) -> Puzzle:
-    """A solvable, not-yet-solved puzzle drawn from ``rng`` (see the module docstring)."""
+def generate(
+    rng: random.Random, size: int, num_boxes: int, min_solution: int, max_solution: int,
+    max_states: int = 100_000, tries: int = 100,
+) -> tuple[Puzzle, int]:
+    """A puzzle whose shortest solution has between ``min_solution`` and ``max_solution`` moves, and that length.
+
+    See the module docstring. Raises ``RuntimeError`` when ``tries`` rooms in a row offer no such puzzle
+    (room too small for the requested length or box count).
+    """
+    interior = [(r, c) for r in range(1, size - 1) for c in range(1, size - 1)]
+    border = {(r, c) for r in range(size) for c in range(size) if r in (0, size - 1) or c in (0, size - 1)}
     for _ in range(tries):
-        walls = {(r, c) for r in range(size) for c in range(size) if r in (0, size - 1) or c in (0, size - 1)}
-        interior = [(r, c) for r in range(1, size - 1) for c in range(1, size - 1)]
-        for p in interior:
-            if rng.random() < 0.12:
-                walls.add(p)
-        free = [p for p in interior if p not in walls]
-        if len(free) < num_boxes + 2 or not _connected(free):
+        walls = frozenset(border | {p for p in interior if rng.random() < _INTERIOR_WALL_P})
+        floor = [p for p in interior if p not in walls]
+        if len(floor) < num_boxes + 2 or not _connected(floor):
             continue
-        targets = frozenset(rng.sample(free, num_boxes))
-        player = rng.choice([p for p in free if p not in targets])
-        boxes = set(targets)
-        for _ in range(rng.randint(6, 10 * num_boxes + 10)):  # reverse moves, pulling boxes
-            action = rng.choice(ACTIONS)
-            dr, dc = MOVES[action]
-            nxt = (player[0] + dr, player[1] + dc)
-            if nxt in walls or nxt in boxes:
-                continue
-            behind = (player[0] - dr, player[1] - dc)
-            if behind in boxes and rng.random() < 0.8:
-                boxes = (boxes - {behind}) | {player}
-            player = nxt
-        puzzle = Puzzle(walls, targets, player, frozenset(boxes), (size, size))
-        if puzzle.solved:
+        targets = frozenset(rng.sample(floor, num_boxes))
+        by_depth = _reverse_layers(walls, targets, floor, max_solution, max_states)
+        depths = [d for d in range(min_solution, max_solution + 1) if by_depth.get(d)]
+        if not depths:
             continue
-        plan = solve(puzzle)
-        if plan is not None and len(plan) <= max_solution:
-            return puzzle
-    raise RuntimeError(f"could not generate a solvable {size}x{size} puzzle with {num_boxes} boxes; try a larger size")
+        depth = rng.choice(depths)
+        player, boxes = rng.choice(by_depth[depth])
+        return Puzzle(walls, targets, player, boxes, (size, size)), depth
+    raise RuntimeError(
+        f"no {size}x{size} room with {num_boxes} box(es) gave a puzzle of {min_solution}-{max_solution} moves "
+        f"in {tries} tries; use a larger size, fewer boxes or a smaller min_solution"
+    )
+
+
+def _reverse_layers(walls: frozenset[Pos], targets: frozenset[Pos], floor: list[Pos], max_depth: int, max_states: int) -> dict[int, list[State]]:
+    """States by shortest-solution length, from a BFS of reverse moves out of every solved state."""
+    layer = [(p, targets) for p in floor if p not in targets]
+    seen = set(layer)
+    layers = {0: layer}
+    for depth in range(1, max_depth + 1):
+        nxt = []
+        for state in layer:
+            for prev in _reverse(walls, state):
+                if prev not in seen:
+                    seen.add(prev)
+                    nxt.append(prev)
+        if not nxt or len(seen) > max_states:
+            break
+        layers[depth] = layer = nxt
+    return layers
 
 
 def _connected(cells: list[Pos]) -> bool:
-    cells_set = set(cells)
-    seen = {cells[0]}
+    remaining = set(cells)
     queue = deque([cells[0]])
+    remaining.discard(cells[0])
     while queue:
         r, c = queue.popleft()
         for dr, dc in MOVES.values():
             n = (r + dr, c + dc)
-            if n in cells_set and n not in seen:
-                seen.add(n)
+            if n in remaining:
+                remaining.discard(n)
                 queue.append(n)
-    return len(seen) == len(cells_set)
+    return not remaining
 
 
 class Sokoban(Env):
+    """Push every box onto a target (see the module docstring).
+
+    Args:
+        size: side of the square room, border walls included.
+        num_boxes: boxes (and targets) per puzzle.
+        max_actions_per_turn: how many actions one response may carry; extra ones are ignored.
+        min_solution, max_solution: the range of shortest-solution lengths puzzles are drawn from.
+    """
+
     instructions = (
-        "You play Sokoban. Push every box X onto a target O. # is a wall, _ is floor, P is you, "
-        "√ is a box on a target. Answer with one action: Up, Down, Left or Right."
+        "You play Sokoban. The grid shows you (P, or S on a target), boxes (X, or * on a target), "
+        "targets (O), walls (#) and floor (_). Walk into a box to push it; boxes cannot be pulled. "
+        "Push every box onto a target. Answer with one action word: Up, Down, Left or Right, "
+        "for example <answer>Up</answer>."
     )
 
-    def __init__(self, size: int = 6, num_boxes: int = 1, max_actions_per_turn: int = 1, max_solution: int = 30) -> None:
-        if not 5 <= size <= 12:
-            raise ValueError(f"size={size} must be between 5 and 12")
-        if not 1 <= num_boxes <= 4:
-            raise ValueError(f"num_boxes={num_boxes} must be between 1 and 4")
+    def __init__(
+        self, size: int = 6, num_boxes: int = 1, max_actions_per_turn: int = 1, min_solution: int = 4, max_solution: int = 10,
+    ) -> None:
+        if not 5 <= size <= 10:
+            raise ValueError(f"size={size} must be between 5 and 10")
+        if not 1 <= num_boxes <= 3:
+            raise ValueError(f"num_boxes={num_boxes} must be between 1 and 3")
         if max_actions_per_turn < 1:
-            raise ValueError("max_actions_per_turn must be >= 1")
-        self.size, self.num_boxes = size, num_boxes
-        self.max_actions_per_turn, self.max_solution = max_actions_per_turn, max_solution
-        self.puzzle = Puzzle.parse(_EXAMPLE)
+            raise ValueError(f"max_actions_per_turn={max_actions_per_turn} must be >= 1")
+        if not 1 <= min_solution <= max_solution:
+            raise ValueError(f"need 1 <= min_solution <= max_solution, got {min_solution} and {max_solution}")
+        self.size, self.num_boxes, self.max_actions_per_turn = size, num_boxes, max_actions_per_turn
+        self.min_solution, self.max_solution = min_solution, max_solution
+        self._rng = random.Random()
+        self.puzzle = Puzzle.parse(_EXAMPLES[0])
         self.done = False
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        self.puzzle = generate(random.Random(seed), self.size, self.num_boxes, self.max_solution)
+        """Draw the puzzle for ``seed``. ``info["optimal_length"]`` is its shortest solution length."""
+        if seed is not None:
+            self._rng = random.Random(seed)
+        self.puzzle, length = generate(self._rng, self.size, self.num_boxes, self.min_solution, self.max_solution)
         self.done = False
-        return self.render(), {}
+        return self.render(), {"optimal_length": length}
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Execute up to ``max_actions_per_turn`` actions parsed from ``action_text``; a turn stops at the end.
+
+        Text without an action leaves the state unchanged: the observation is the feedback line plus the
+        current state, reward 0, ``info["valid"] = False``. Reward components: ``"outcome"`` (1.0 when solved).
+        ``info["deadlock"]`` says whether a box got cornered. Calling ``step`` after termination raises
+        ``RuntimeError``.
+        """
         if self.done:
-            raise RuntimeError("step() after the episode terminated; call reset()")
+            raise RuntimeError("step() after the episode terminated; call reset() first")
         actions = parse_actions(action_text, ACTIONS, self.max_actions_per_turn)
-        info: dict[str, Any] = {"actions": actions, "valid": bool(actions), "success": False, "reward_components": {"outcome": 0.0}}
         if not actions:
-            return "Invalid action. Answer with one of: Up, Down, Left, Right.\n" + self.render(), 0.0, False, False, info
+            info = {"actions": [], "valid": False, "success": False, "reward_components": {"outcome": 0.0}, "deadlock": False}
+            return f"{INVALID_FEEDBACK}\n{self.render()}", 0.0, False, False, info
+        executed = []
         for action in actions:
-            self.puzzle.player, self.puzzle.boxes = self.puzzle.push(action)
-            if self.puzzle.solved:
+            self.puzzle = self.puzzle.moved(action)
+            executed.append(action)
+            if self.puzzle.solved or self.puzzle.deadlocked:
                 break
-        success = self.puzzle.solved
-        self.done = success
-        info.update(success=success, reward_components={"outcome": 1.0 if success else 0.0})
-        return self.render(), 1.0 if success else 0.0, success, False, info
+        success, deadlock = self.puzzle.solved, self.puzzle.deadlocked
+        self.done = success or deadlock
+        reward = 1.0 if success else 0.0
+        info = {"actions": executed, "valid": True, "success": success, "reward_components": {"outcome": reward}, "deadlock": deadlock}
+        return self.render(), reward, self.done, False, info
 
     def anchor(self) -> str:
-        return self.render()
+        """The rendered grid: layout, boxes and player, without history."""
+        return self.puzzle.render()
 
     def solve(self) -> list[str] | None:
         return solve(self.puzzle)
 
     def examples(self) -> list[tuple[str, str]]:
-        puzzle = Puzzle.parse(_EXAMPLE)
+        """Two (observation, oracle action word) pairs on fixed 5x5 puzzles."""
         out = []
-        for _ in range(2):
+        for rows in _EXAMPLES:
+            puzzle = Puzzle.parse(rows)
             plan = solve(puzzle)
-            assert plan, "the example puzzle must be solvable"
+            assert plan, "few-shot example puzzles must be solvable"
             out.append((puzzle.render(), plan[0]))
-            puzzle.player, puzzle.boxes = puzzle.push(plan[0])
         return out
 
     def render(self) -> str:
-        return self.puzzle.render()
+        text = self.puzzle.render()
+        return f"{text}\n{DEADLOCK_LINE}" if self.puzzle.deadlocked else text

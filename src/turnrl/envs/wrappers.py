@@ -1,6 +1,10 @@
-"""Cross-cutting behaviour as wrappers, not flags: turn limits, penalties, shaping, statistics.
+"""Cross-cutting behaviour as wrappers, not flags: turn limits, penalties, shaping, episode statistics.
 
-Every wrapper that changes the reward adds its own named entry to ``info["reward_components"]`` so the
+A wrapper changes what the env returns through two hooks, :meth:`Wrapper.on_reset` and
+:meth:`Wrapper.on_step`, which both the sync (``reset``/``step``) and async (``areset``/``astep``) paths
+run, so a wrapper keeps the inner env's real coroutines and behaves the same either way.
+
+Every wrapper that changes the reward adds its own named entry to ``info["reward_components"]``, so the
 components always sum to the reward and each is logged separately.
 """
 
@@ -10,9 +14,15 @@ from typing import Any
 
 from turnrl.envs.base import Env
 
+StepResult = tuple[str, float, bool, bool, dict[str, Any]]
+
 
 class Wrapper(Env):
-    """Forwards everything to the wrapped env; subclasses override what they change."""
+    """Forwards everything to the wrapped ``env``; subclasses override the hooks (or methods) they change.
+
+    Attributes a wrapper does not define are looked up on the wrapped env, so ``wrapped.desc`` reaches
+    the innermost env's ``desc``. ``unwrapped`` is the innermost env.
+    """
 
     def __init__(self, env: Env) -> None:
         self.env = env
@@ -25,17 +35,25 @@ class Wrapper(Env):
     def max_actions_per_turn(self) -> int:  # type: ignore[override]
         return self.env.max_actions_per_turn
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        return self.env.reset(seed=seed, options=options)
+    def on_reset(self, observation: str, info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Called with what the wrapped env's ``reset``/``areset`` returned; returns what this wrapper returns."""
+        return observation, info
 
-    def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return self.env.step(action_text)
+    def on_step(self, observation: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> StepResult:
+        """Called with what the wrapped env's ``step``/``astep`` returned; returns what this wrapper returns."""
+        return observation, reward, terminated, truncated, info
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        return self.on_reset(*self.env.reset(seed=seed, options=options))
+
+    def step(self, action_text: str) -> StepResult:
+        return self.on_step(*self.env.step(action_text))
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        return self.reset(seed=seed, options=options)
+        return self.on_reset(*await self.env.areset(seed=seed, options=options))
 
-    async def astep(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return self.step(action_text)
+    async def astep(self, action_text: str) -> StepResult:
+        return self.on_step(*await self.env.astep(action_text))
 
     def anchor(self) -> str:
         return self.env.anchor()
@@ -57,7 +75,7 @@ class Wrapper(Env):
         return self.env.unwrapped
 
     def __getattr__(self, name: str) -> Any:
-        if name == "env":  # not yet set (during unpickling): avoid infinite recursion
+        if name == "env":  # not set yet (e.g. while unpickling): do not recurse
             raise AttributeError(name)
         return getattr(self.env, name)
 
@@ -65,14 +83,19 @@ class Wrapper(Env):
         return f"{type(self).__name__}({self.env!r})"
 
 
-def _add_component(info: dict[str, Any], name: str, value: float) -> None:
-    comps = dict(info.get("reward_components", {}))
-    comps[name] = comps.get(name, 0.0) + value
-    info["reward_components"] = comps
+def add_reward_component(info: dict[str, Any], name: str, value: float) -> None:
+    """Add ``value`` to ``info["reward_components"][name]`` (a copy, so the inner env's dict is not mutated)."""
+    components = dict(info.get("reward_components", {}))
+    components[name] = components.get(name, 0.0) + value
+    info["reward_components"] = components
 
 
 class TurnLimit(Wrapper):
-    """Truncate after ``max_turns`` turns. Sets ``info["truncation"] = "turns"``; never marks termination."""
+    """Truncate the episode on its ``max_turns``-th turn unless that turn terminated it.
+
+    Sets ``truncated=True`` and ``info["truncation"] = "turns"``; never touches ``terminated``. Invalid
+    turns count: a turn is one response, whatever it held.
+    """
 
     def __init__(self, env: Env, max_turns: int) -> None:
         if max_turns < 1:
@@ -81,42 +104,46 @@ class TurnLimit(Wrapper):
         self.max_turns = max_turns
         self.turns = 0
 
-    def reset(self, *, seed=None, options=None):
+    def on_reset(self, observation: str, info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         self.turns = 0
-        return self.env.reset(seed=seed, options=options)
+        return observation, info
 
-    def step(self, action_text):
-        obs, reward, terminated, truncated, info = self.env.step(action_text)
+    def on_step(self, observation: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> StepResult:
         self.turns += 1
-        if self.turns >= self.max_turns and not terminated:
+        if self.turns >= self.max_turns and not terminated and not truncated:
             truncated = True
-            info.setdefault("truncation", "turns")
-        return obs, reward, terminated, truncated, info
+            info["truncation"] = "turns"
+        return observation, reward, terminated, truncated, info
 
 
 class InvalidActionPenalty(Wrapper):
-    """Subtract ``penalty`` on a turn whose text held no valid action (component ``invalid_penalty``)."""
+    """Pay ``-penalty`` on a turn whose text held no valid action (``info["valid"]`` False).
+
+    The penalty is the reward component ``"invalid_penalty"``; ``penalty`` must be >= 0.
+    """
 
     def __init__(self, env: Env, penalty: float) -> None:
+        if penalty < 0:
+            raise ValueError(f"penalty={penalty} must be >= 0 (it is subtracted)")
         super().__init__(env)
         self.penalty = float(penalty)
 
-    def step(self, action_text):
-        obs, reward, terminated, truncated, info = self.env.step(action_text)
-        if not info.get("valid", True) and self.penalty:
+    def on_step(self, observation: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> StepResult:
+        if not info["valid"]:
             reward -= self.penalty
-            _add_component(info, "invalid_penalty", -self.penalty)
-        return obs, reward, terminated, truncated, info
+            add_reward_component(info, "invalid_penalty", -self.penalty)
+        return observation, reward, terminated, truncated, info
 
 
 class OracleProgress(Wrapper):
-    """Dense shaping from the env's oracle: ``weight * (d_before - d_after)`` per turn (component ``progress``).
+    """Dense shaping from the env's oracle: ``weight * (d_before - d_after)`` per turn (component ``"progress"``).
 
     ``d`` is the length of ``env.solve()``, the oracle's shortest remaining plan. Reaching the goal gives
     ``d_after = 0``; a move into a state with no plan left (a hole, a deadlock) counts as one step away
     from the goal (``d_after = d_before + 1``) rather than the undefined distance. Except for that case this
     is potential-based shaping with potential ``-weight * d`` and gamma = 1 (Ng et al. 1999), so it does not
-    change which policies are optimal. It is a training aid: evaluation reads ``success``, never this.
+    change which policies are optimal. Invalid turns get no progress component. It is a training aid:
+    evaluation reads ``success``, never this.
     """
 
     def __init__(self, env: Env, weight: float) -> None:
@@ -134,42 +161,40 @@ class OracleProgress(Wrapper):
             ) from None
         return None if plan is None else len(plan)
 
-    def reset(self, *, seed=None, options=None):
-        out = self.env.reset(seed=seed, options=options)
+    def on_reset(self, observation: str, info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         self._distance = self._plan_length()
-        return out
+        return observation, info
 
-    def step(self, action_text):
-        obs, reward, terminated, truncated, info = self.env.step(action_text)
+    def on_step(self, observation: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> StepResult:
         before = self._distance
-        after = 0 if info.get("success") else self._plan_length()
-        if before is not None and info.get("valid", True):
-            delta = (before - after) if after is not None else -1
-            shaped = self.weight * delta
+        after = 0 if info["success"] else self._plan_length()
+        if before is not None and info["valid"]:
+            shaped = self.weight * ((before - after) if after is not None else -1)
             reward += shaped
-            _add_component(info, "progress", shaped)
+            add_reward_component(info, "progress", shaped)
         self._distance = after
-        return obs, reward, terminated, truncated, info
+        return observation, reward, terminated, truncated, info
 
 
 class EpisodeStatistics(Wrapper):
-    """On the final step, put ``{"return", "length", "invalid", "success"}`` in ``info["episode"]``."""
+    """On the episode's last step (terminated or truncated) set ``info["episode"]``.
+
+    ``info["episode"] = {"return": float, "length": int (turns), "invalid": int (turns with valid=False),
+    "success": bool (the last step's info["success"])}``.
+    """
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
-        self._ret = 0.0
-        self._len = 0
-        self._invalid = 0
+        self._return, self._length, self._invalid = 0.0, 0, 0
 
-    def reset(self, *, seed=None, options=None):
-        self._ret, self._len, self._invalid = 0.0, 0, 0
-        return self.env.reset(seed=seed, options=options)
+    def on_reset(self, observation: str, info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        self._return, self._length, self._invalid = 0.0, 0, 0
+        return observation, info
 
-    def step(self, action_text):
-        obs, reward, terminated, truncated, info = self.env.step(action_text)
-        self._ret += reward
-        self._len += 1
-        self._invalid += not info.get("valid", True)
+    def on_step(self, observation: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> StepResult:
+        self._return += reward
+        self._length += 1
+        self._invalid += not info["valid"]
         if terminated or truncated:
-            info["episode"] = {"return": self._ret, "length": self._len, "invalid": self._invalid, "success": bool(info.get("success"))}
-        return obs, reward, terminated, truncated, info
+            info["episode"] = {"return": self._return, "length": self._length, "invalid": self._invalid, "success": info["success"]}
+        return observation, reward, terminated, truncated, info
