@@ -56,7 +56,11 @@ def main() -> int:
         return sum(vals) / max(1, len(vals))
 
     gain = last["eval/success_rate"] - base["eval/success_rate"]
-    met = gain >= 0.30 and last["eval/valid_action_rate"] >= 0.95 and total_s <= args.minutes * 60 + 30
+    # greedy decoding always emits *something* well-formed, so the valid-action bar is judged on the sampled
+    # training rollouts (temperature 1), averaged over the last three steps
+    tail = [r["rollout/valid_action_rate"] for r in train_rows[-3:]]
+    valid_sampled = sum(tail) / max(1, len(tail))
+    met = gain >= 0.30 and valid_sampled >= 0.95 and total_s <= args.minutes * 60 + 30
     lines = [
         f"### Default recipe learning curve — {time.strftime('%Y-%m-%d %H:%M')}",
         "",
@@ -65,20 +69,22 @@ def main() -> int:
         f"Held-out eval: {int(base['eval/num_tasks'])} random 4x4 maps (seeds from {cfg.eval.seed_start}, never trained on), greedy, "
         f"one episode each; 95% Wilson interval in brackets.",
         "",
-        "| step | wall (s) | eval success | 95% CI | eval valid-action rate | train success (sampled) |",
-        "|---:|---:|---:|---|---:|---:|",
+        "| step | wall (s) | eval success | 95% CI | eval valid-action rate (greedy) | train success (sampled) | train valid-action rate (sampled) |",
+        "|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in evals:
         wall = r.get("perf/wall_s", 0.0) + setup_s
         lines.append(
             f"| {r['step']} | {wall:.0f} | {r['eval/success_rate']:.3f} | {r['eval/success_ci_low']:.2f}-{r['eval/success_ci_high']:.2f} "
-            f"| {r['eval/valid_action_rate']:.3f} | {r.get('rollout/success_rate', float('nan')):.3f} |"
+            f"| {r['eval/valid_action_rate']:.3f} | {r.get('rollout/success_rate', float('nan')):.3f} "
+            f"| {r.get('rollout/valid_action_rate', float('nan')):.3f} |"
         )
     lines += [
         "",
         f"Base success {base['eval/success_rate']:.3f} -> final {last['eval/success_rate']:.3f} "
         f"(gain {100 * gain:+.1f} pp; best {best['eval/success_rate']:.3f} at step {best['step']}); "
-        f"final valid-action rate {last['eval/valid_action_rate']:.3f}; total wall time {total_s:.0f} s "
+        f"valid-action rate {last['eval/valid_action_rate']:.3f} greedy, {valid_sampled:.3f} sampled (last 3 steps); "
+        f"total wall time {total_s:.0f} s "
         f"(set-up {setup_s:.0f} s). Bar (>= +30 pp and >= 95% valid within {args.minutes:g} min): **{'met' if met else 'not met'}**.",
         f"Per training step (mean over {len(train_rows)} steps): rollout {mean('perf/rollout_s'):.1f} s "
         f"(generate {mean('perf/generate_s'):.1f} s, {mean('perf/prompt_tokens'):.0f} prompt + {mean('perf/generated_tokens'):.0f} generated tokens), "

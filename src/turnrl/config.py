@@ -48,7 +48,7 @@ class RolloutConfig(_Section):
     )
     history_turns: int = Field(0, ge=0, description="per_step: previous turns kept in the prompt")
     few_shot: bool = Field(True, description="put the env's example exchanges before the real turn")
-    max_new_tokens: int = Field(12, ge=1, description="per-turn response token limit")
+    max_new_tokens: int = Field(6, ge=1, description="per-turn response token limit")
     max_context_tokens: int = Field(2048, ge=16, description="prompt budget; a longer prompt truncates the episode (context)")
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature (the learner uses the same)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling; <1 makes sampling differ from the trained distribution")
@@ -56,9 +56,9 @@ class RolloutConfig(_Section):
 
 
 class AlgoConfig(_Section):
-    estimator: str = Field("grpo", description="advantage estimator, see `turnrl.credit.available_estimators()`")
+    estimator: str = Field("grpo_turn", description="advantage estimator, see `turnrl.credit.available_estimators()`")
     norm_std: bool = Field(True, description="GRPO: divide by the group std (False = Dr.GRPO)")
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="turn discount for estimators that use per-turn returns")
+    gamma: float = Field(0.5, ge=0.0, le=1.0, description="turn discount for estimators that use per-turn returns")
     step_weight: float = Field(1.0, ge=0.0, description="GiGPO: weight of the anchor-state step-level advantage")
     clip_low: float = Field(0.2, ge=0.0, description="PPO ratio clip below 1")
     clip_high: float = Field(0.28, ge=0.0, description="PPO ratio clip above 1 (DAPO clip-higher)")
