@@ -235,7 +235,8 @@ def test_check_env_catches_broken_envs(env, message):
 def test_play_scripted_session():
     inputs = iter(["?", "Down", "nonsense", "q"])
     out = []
-    summary = play("frozenlake-v0", seed=0, map_name="4x4", input_fn=lambda _: next(inputs), print_fn=lambda *a: out.append(" ".join(map(str, a))))
+    summary = play("frozenlake-v0", seed=0, map_name="4x4", input_fn=lambda _: next(inputs),
+                   print_fn=lambda *a: out.append(" ".join(map(str, a))))
     text = "\n".join(out)
     assert text.startswith("You play FrozenLake") and "oracle: Down" in text and "Invalid action" in text
     assert summary == {"return": 0.0, "turns": 2, "success": False, "termination": "quit"}

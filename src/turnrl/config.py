@@ -62,6 +62,7 @@ class AlgoConfig(_Section):
     step_weight: float = Field(1.0, ge=0.0, description="GiGPO: weight of the anchor-state step-level advantage")
     clip_low: float = Field(0.2, ge=0.0, description="PPO ratio clip below 1")
     clip_high: float = Field(0.28, ge=0.0, description="PPO ratio clip above 1 (DAPO clip-higher)")
+    dual_clip: float | None = Field(None, gt=1.0, description="dual-clip constant c > 1 for negative advantages (None = off)")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
         "token-mean", description="how per-token losses are aggregated"
     )

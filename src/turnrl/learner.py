@@ -194,6 +194,7 @@ class Learner:
         for _ in range(a.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
+            maxima: dict[str, float] = {}
             for mb in batches:
                 batch = collate(mb, self.pad_id)
                 with self._autocast():
@@ -204,7 +205,8 @@ class Learner:
                             ref_logits = self._logits(self.ref_model, batch)
                 logp = losses.token_logprobs(logits.float(), batch.targets, temperature)
                 per_tok, stats = losses.ppo_clip_loss(
-                    logp, batch.old_logprobs, batch.advantages, batch.mask, clip_low=a.clip_low, clip_high=a.clip_high
+                    logp, batch.old_logprobs, batch.advantages, batch.mask, clip_low=a.clip_low, clip_high=a.clip_high,
+                    dual_clip=a.dual_clip,
                 )
                 if ref_logits is not None:
                     ref_logp = losses.token_logprobs(ref_logits.float(), batch.targets, temperature)
@@ -221,7 +223,10 @@ class Learner:
                     _acc(sums, "behaviour_logprob_diff", float(((logp.detach() - batch.old_logprobs).abs() * batch.mask).sum()))
                 _acc(sums, "loss", float(loss.detach()))
                 for k, v in stats.items():
-                    _acc(sums, k, float(v) * n)
+                    if k.endswith("_max"):  # a maximum over micro-batches, not a token-weighted mean
+                        maxima[k] = max(maxima.get(k, float("-inf")), float(v))
+                    else:
+                        _acc(sums, k, float(v) * n)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
             if not math.isfinite(float(grad_norm)):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -231,6 +236,7 @@ class Learner:
         metrics["train/loss"] = sums.pop("loss")
         for k, v in sums.items():
             metrics[f"train/{k}"] = v / max(num_tokens, 1.0)
+        metrics.update({f"train/{k}": v for k, v in maxima.items()})
         metrics.update(
             {
                 "train/grad_norm": float(grad_norm),

@@ -122,7 +122,7 @@ def check_env(
 
     env = make(env_or_id, **make_kwargs) if isinstance(env_or_id, str) else env_or_id
     try:
-        initial = {}
+        initial: dict[int, str] = {}
         for seed in seeds:
             initial[seed] = _check_reset(env.reset(seed=seed), f"reset(seed={seed})")
             _require(isinstance(env.anchor(), str), "anchor() does not return a str", "return a text key of the current state")

@@ -201,7 +201,9 @@ def generate(
     )
 
 
-def _reverse_layers(walls: frozenset[Pos], targets: frozenset[Pos], floor: list[Pos], max_depth: int, max_states: int) -> dict[int, list[State]]:
+def _reverse_layers(
+    walls: frozenset[Pos], targets: frozenset[Pos], floor: list[Pos], max_depth: int, max_states: int,
+) -> dict[int, list[State]]:
     """States by shortest-solution length, from a BFS of reverse moves out of every solved state."""
     layer = [(p, targets) for p in floor if p not in targets]
     seen = set(layer)
@@ -298,7 +300,9 @@ class Sokoban(Env):
         success, deadlock = self.puzzle.solved, self.puzzle.deadlocked
         self.done = success or deadlock
         reward = 1.0 if success else 0.0
-        info = {"actions": executed, "valid": True, "success": success, "reward_components": {"outcome": reward}, "deadlock": deadlock}
+        info = {
+            "actions": executed, "valid": True, "success": success, "reward_components": {"outcome": reward}, "deadlock": deadlock,
+        }
         return self.render(), reward, self.done, False, info
 
     def anchor(self) -> str:

@@ -196,5 +196,7 @@ class EpisodeStatistics(Wrapper):
         self._length += 1
         self._invalid += not info["valid"]
         if terminated or truncated:
-            info["episode"] = {"return": self._return, "length": self._length, "invalid": self._invalid, "success": info["success"]}
+            info["episode"] = {
+                "return": self._return, "length": self._length, "invalid": self._invalid, "success": info["success"],
+            }
         return observation, reward, terminated, truncated, info
