@@ -139,15 +139,25 @@ def test_invalid_text_gets_feedback_and_changes_nothing():
     assert info["reward_components"] == {"outcome": 0.0, "invalid_penalty": -0.25} and env.anchor() == anchor
 
 
-def test_observation_is_compact_and_hints_describe_neighbours_and_goal():
+def test_observation_is_compact_and_hints_describe_neighbours():
     env = FrozenLake(map_name="4x4")
+    obs, _ = env.reset(seed=0)
+    assert obs == "PFFF\nFHFH\nFFFH\nHFFG\nLeft: wall, Down: frozen, Right: frozen, Up: wall"
+    obs, *_ = env.step("Right")
+    assert obs.splitlines()[-1] == "Left: frozen, Down: hole, Right: frozen, Up: wall"
+    assert FrozenLake(map_name="4x4", show_hints=False).reset(seed=0)[0] == "PFFF\nFHFH\nFFFH\nHFFG"
+
+
+def test_spaced_grid_and_goal_line():
+    env = FrozenLake(map_name="4x4", grid="spaced", show_goal=True)
     obs, _ = env.reset(seed=0)
     assert obs == "P F F F\nF H F H\nF F F H\nH F F G\nLeft: wall, Down: frozen, Right: frozen, Up: wall\nGoal: 3 down, 3 right"
     obs, *_ = env.step("Right")
     assert obs.splitlines()[-2:] == ["Left: frozen, Down: hole, Right: frozen, Up: wall", "Goal: 3 down, 2 right"]
-    env = FrozenLake(desc=["GFF", "FFS"])
+    env = FrozenLake(desc=["GFF", "FFS"], show_goal=True)
     assert env.reset()[0].splitlines()[-1] == "Goal: 1 up, 2 left"
-    assert FrozenLake(map_name="4x4", show_hints=False).reset(seed=0)[0] == "P F F F\nF H F H\nF F F H\nH F F G"
+    with pytest.raises(ValueError, match="grid="):
+        FrozenLake(grid="fancy")
 
 
 def test_anchor_is_the_state_without_history():
@@ -163,7 +173,7 @@ def test_anchor_is_the_state_without_history():
 def test_examples_are_oracle_moves_on_fixed_maps():
     ex = FrozenLake().examples()
     assert [resp for _, resp in ex] == ["Down", "Right"]
-    assert all(obs.count("\n") == 4 and "Goal:" in obs for obs, _ in ex)
+    assert all(obs.count("\n") == 4 and "Goal:" not in obs for obs, _ in ex)
     assert FrozenLake().examples() == FrozenLake(map_name="8x8").examples()
 
 

@@ -14,19 +14,19 @@ probability ``p_frozen``, ``S`` top-left, ``G`` bottom-right, redrawn until a pa
 Randomness: one ``random.Random`` per env. ``reset(seed=s)`` reseeds it, so the same seed gives the same map
 and the same slips; ``reset()`` without a seed continues it. The global RNG is never used.
 
-Rendering is compact because every prompt token costs training time on a small model, and cell-aligned
-because a small model has to find its way around the grid. Cells are separated by spaces: with a BPE
-tokenizer (SmolLM2) ``P F F F`` is exactly one token per cell (``P``, `` F``, `` F``, `` F``), whereas
-``PFFF`` merges cells unpredictably (``P``, ``FF``, ``F``), so the same column is a different token
-position in every row. With ``show_hints`` two lines follow: what lies one step in each direction, and
-where the goal is. A 4x4 observation is about 45 tokens::
+Rendering is compact because every prompt token costs training time on a small model. The default
+(``grid="compact"``) writes each row as one string (``PFFF``) followed, with ``show_hints``, by one line
+naming what lies one step in each direction; ``grid="spaced"`` separates cells (``P F F F``: exactly one
+token per cell with SmolLM2's tokenizer, so a column is the same token position in every row) and
+``show_goal`` adds the goal's offset. Measured with the default recipe on this project's 2-core machine
+(bench/RESULTS.md): the compact grid with the neighbour line reached 91% greedy success on held-out maps
+after 20 steps; the spaced grid with the goal line reached 28-39% in the same budget. A 4x4 observation::
 
-    P F F F
-    F H F H
-    F F F H
-    H F F G
+    PFFF
+    FHFH
+    FFFH
+    HFFG
     Left: wall, Down: frozen, Right: frozen, Up: wall
-    Goal: 3 down, 3 right
 
 A terminal observation ends with ``You reached the goal.`` or ``You fell into a hole.`` instead of hints.
 """
@@ -54,7 +54,7 @@ MAPS = {
 INVALID_FEEDBACK = "Invalid action. Answer with one of: Left, Down, Right, Up."
 _CELL_NAMES = {"S": "frozen", "F": "frozen", "H": "hole", "G": "goal"}
 # Fixed maps and positions for the few-shot examples; not drawn from any seed. Oracle moves: Down, Right.
-_EXAMPLES: list[tuple[list[str], Pos]] = [(["SFF", "FHF", "FFG"], (0, 0)), (["SFH", "HFF", "HHG"], (1, 1))]
+_EXAMPLES: list[tuple[list[str], Pos]] = [(["SFFF", "FHFH", "FFFH", "HFFG"], (0, 0)), (["SFFH", "HFFF", "FFHF", "HHFG"], (1, 1))]
 
 
 def shortest_path(desc: list[str], start: Pos) -> list[str] | None:
@@ -119,13 +119,14 @@ class FrozenLake(Env):
         slippery: Gymnasium's ``is_slippery``: each move goes as intended or sideways, 1/3 each.
         desc: an explicit map (row strings); overrides ``map_name``.
         max_actions_per_turn: how many actions one response may carry; extra ones are ignored.
-        show_hints: add the neighbour and goal-direction lines to observations.
+        show_hints: add the line naming what lies one step in each direction.
+        show_goal: add the line giving the goal's offset (``Goal: 3 down, 3 right``).
+        grid: ``"compact"`` rows (``PFFF``) or ``"spaced"`` cells (``P F F F``, one token per cell).
     """
 
     instructions = (
-        "You play FrozenLake. The grid shows you (P), frozen ice (F), holes (H) and the goal (G). "
-        "Reach G without stepping into a hole. Answer with one action word: Left, Down, Right or Up, "
-        "for example <answer>Right</answer>."
+        "You play FrozenLake. Move the player P to the goal G without stepping into a hole H. "
+        "Answer with one action: Left, Down, Right or Up."
     )
 
     def __init__(
@@ -137,6 +138,8 @@ class FrozenLake(Env):
         desc: list[str] | None = None,
         max_actions_per_turn: int = 1,
         show_hints: bool = True,
+        show_goal: bool = False,
+        grid: str = "compact",
     ) -> None:
         if map_name not in (*MAPS, "random"):
             raise ValueError(f"map_name={map_name!r} must be one of {[*MAPS, 'random']}")
@@ -146,11 +149,14 @@ class FrozenLake(Env):
             raise ValueError(f"p_frozen={p_frozen} must be in (0, 1]")
         if max_actions_per_turn < 1:
             raise ValueError(f"max_actions_per_turn={max_actions_per_turn} must be >= 1")
+        if grid not in ("compact", "spaced"):
+            raise ValueError(f"grid={grid!r} must be 'compact' or 'spaced'")
         if desc is not None:
             _validate_desc(desc)
         self.map_name, self.size, self.p_frozen, self.slippery = map_name, size, p_frozen, slippery
         self.fixed_desc = list(desc) if desc is not None else None
         self.max_actions_per_turn, self.show_hints = max_actions_per_turn, show_hints
+        self.show_goal, self.grid = show_goal, grid
         self._rng = random.Random()
         self.desc: list[str] = self.fixed_desc or MAPS.get(map_name, MAPS["4x4"])
         self.pos: Pos = (0, 0)
@@ -205,7 +211,7 @@ class FrozenLake(Env):
         return shortest_path(self.desc, self.pos)
 
     def examples(self) -> list[tuple[str, str]]:
-        """Two (observation, oracle action word) pairs on fixed 3x3 maps, rendered like real observations."""
+        """Two (observation, oracle action word) pairs on fixed 4x4 maps, rendered like real observations."""
         out = []
         for desc, pos in _EXAMPLES:
             path = shortest_path(desc, pos)
@@ -222,7 +228,8 @@ class FrozenLake(Env):
         return self.desc[self.pos[0]][self.pos[1]]
 
     def _render(self, desc: list[str], pos: Pos) -> str:
-        lines = [" ".join("P" if (r, c) == pos else ch for c, ch in enumerate(row)) for r, row in enumerate(desc)]
+        sep = " " if self.grid == "spaced" else ""
+        lines = [sep.join("P" if (r, c) == pos else ch for c, ch in enumerate(row)) for r, row in enumerate(desc)]
         cell = desc[pos[0]][pos[1]]
         if cell == "G":
             lines.append("You reached the goal.")
@@ -234,6 +241,7 @@ class FrozenLake(Env):
                 nxt = _move(desc, pos, action)
                 around.append(f"{action}: {'wall' if nxt == pos else _CELL_NAMES[desc[nxt[0]][nxt[1]]]}")
             lines.append(", ".join(around))
+        if self.show_goal and cell not in "GH":
             lines.append(f"Goal: {_direction_to_goal(desc, pos)}")
         return "\n".join(lines)
 
