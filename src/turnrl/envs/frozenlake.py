@@ -34,11 +34,11 @@ A terminal observation ends with ``You reached the goal.`` or ``You fell into a 
 from __future__ import annotations
 
 import random
-from collections import deque
 from typing import Any
 
 from turnrl.envs.base import Env
 from turnrl.envs.parsing import parse_actions
+from turnrl.envs.search import shortest_plan
 
 Pos = tuple[int, int]
 
@@ -64,24 +64,14 @@ def shortest_path(desc: list[str], start: Pos) -> list[str] | None:
     """
     if desc[start[0]][start[1]] == "H":
         return None
-    parent: dict[Pos, tuple[Pos, str] | None] = {start: None}
-    queue = deque([start])
-    while queue:
-        pos = queue.popleft()
-        if desc[pos[0]][pos[1]] == "G":
-            path: list[str] = []
-            link = parent[pos]
-            while link is not None:
-                pos, action = link
-                path.append(action)
-                link = parent[pos]
-            return path[::-1]
+
+    def successors(pos: Pos):
         for action in ACTIONS:
             nxt = _move(desc, pos, action)
-            if nxt not in parent and desc[nxt[0]][nxt[1]] != "H":
-                parent[nxt] = (pos, action)
-                queue.append(nxt)
-    return None
+            if desc[nxt[0]][nxt[1]] != "H":
+                yield action, nxt
+
+    return shortest_plan(start, lambda pos: desc[pos[0]][pos[1]] == "G", successors)
 
 
 def random_map(rng: random.Random, size: int = 4, p_frozen: float = 0.8) -> list[str]:

@@ -33,6 +33,7 @@ from typing import Any
 
 from turnrl.envs.base import Env
 from turnrl.envs.parsing import parse_actions
+from turnrl.envs.search import shortest_plan
 
 Pos = tuple[int, int]
 State = tuple[Pos, frozenset[Pos]]  # (player, boxes)
@@ -148,27 +149,13 @@ def solve(puzzle: Puzzle, max_states: int = 200_000) -> list[str] | None:
     when no solution is found within ``max_states`` visited states (generated puzzles stay far below).
     States with a cornered box are not expanded (no solution passes through them).
     """
-    start = puzzle.state
-    parent: dict[State, tuple[State, str] | None] = {start: None}
-    queue = deque([start])
-    while queue and len(parent) <= max_states:
-        state = queue.popleft()
-        if state[1] == puzzle.targets:
-            path: list[str] = []
-            link = parent[state]
-            while link is not None:
-                state, action = link
-                path.append(action)
-                link = parent[state]
-            return path[::-1]
+    def successors(state: State):
         if any(_cornered(puzzle.walls, box) for box in state[1] - puzzle.targets):
-            continue
+            return
         for action in ACTIONS:
-            nxt = _forward(puzzle.walls, state, action)
-            if nxt not in parent:
-                parent[nxt] = (state, action)
-                queue.append(nxt)
-    return None
+            yield action, _forward(puzzle.walls, state, action)
+
+    return shortest_plan(puzzle.state, lambda state: state[1] == puzzle.targets, successors, max_states)
 
 
 def generate(
