@@ -48,11 +48,19 @@ def test_train_then_resume_then_eval(tmp_path, tiny_dir, capsys):
     assert m["eval/num_tasks"] == 2.0 and 0.0 <= m["eval/success_ci_low"] <= m["eval/success_rate"] <= m["eval/success_ci_high"]
 
 
-def test_a_missing_model_directory_is_a_clear_error(tmp_path):
-    from turnrl.models import ModelNotFoundError
-
-    with pytest.raises(ModelNotFoundError, match="never downloads"):
-        main(["eval", f"model.path={tmp_path / 'nope'}"])
+def test_bad_inputs_are_clear_errors_not_tracebacks(tmp_path, capsys):
+    assert main(["eval", f"model.path={tmp_path / 'nope'}"]) == 2
+    assert "never downloads" in capsys.readouterr().err
+    assert main(["train", "env.kwargs.slipery=true", f"log.run_dir={tmp_path}"]) == 2
+    assert "Did you mean 'slippery'" in capsys.readouterr().err
+    assert main(["train", "env.id=frozenlak-v0", f"log.run_dir={tmp_path}"]) == 2
+    assert "Did you mean 'frozenlake-v0'" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path / "no-run")]) != 0
+    assert main(["play", "frozenlak-v0"]) == 2
+    assert main(["play", "frozenlake-v0", "slipery=true"]) == 2
+    assert "Did you mean 'slippery'" in capsys.readouterr().err
+    assert main(["train", "-c", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_play_reads_stdin(monkeypatch, capsys):

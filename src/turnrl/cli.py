@@ -28,7 +28,7 @@ def cmd_train(args) -> int:
 
         run = Path(args.resume)
         if not (run / "config.yaml").exists():
-            raise SystemExit(f"error: {run} is not a run directory (no config.yaml)")
+            raise FileNotFoundError(f"{run} is not a run directory (no config.yaml); pass the directory `turnrl train` printed")
         cfg = load_config(run / "config.yaml", args.overrides)
         run_dir = train(cfg, resume=run)
     else:
@@ -63,15 +63,22 @@ def cmd_eval(args) -> int:
 def cmd_play(args) -> int:
     import yaml
 
+    from turnrl.config import ConfigError
+
     from turnrl.play import play
 
     kwargs = {}
     for item in args.kwargs:
         if "=" not in item:
-            raise SystemExit(f"error: env argument '{item}' is not key=value (example: slippery=true)")
+            raise ConfigError(f"env argument '{item}' is not key=value (example: slippery=true)")
         k, v = item.split("=", 1)
         kwargs[k] = yaml.safe_load(v)
-    play(args.env, seed=args.seed, **kwargs)
+    from turnrl.envs import UnknownEnvError
+
+    try:
+        play(args.env, seed=args.seed, **kwargs)
+    except (UnknownEnvError, TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
     return 0
 
 
@@ -116,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         print(config_help())
         return 0
     from turnrl.config import ConfigError
+    from turnrl.models import ModelNotFoundError
 
     try:
         return args.fn(args)
-    except ConfigError as e:
+    except (ConfigError, ModelNotFoundError, FileNotFoundError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -29,7 +29,7 @@ import torch
 import yaml
 
 from turnrl import checkpoint, credit
-from turnrl.config import Config
+from turnrl.config import Config, ConfigError
 from turnrl.engines import HFEngine, SamplingParams
 from turnrl.envs import make
 from turnrl.learner import Learner, build_samples
@@ -56,18 +56,23 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     seed_everything(cfg.train.seed)
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model.path)
-    if model is None:
-        model = load_model(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
-    ref = frozen_copy(model) if cfg.model.reference else None
-    engine = HFEngine(model, tokenizer, autocast_bf16=cfg.model.autocast_bf16, seed=cfg.train.seed)
     env_kwargs = dict(
         cfg.env.kwargs,
         max_turns=cfg.env.max_turns,
         invalid_penalty=cfg.env.invalid_penalty,
         progress_reward=cfg.env.progress_reward,
     )
-    make(cfg.env.id, **env_kwargs).close()  # fail now, with the env's own message, on a bad id or kwarg
+    try:  # fail now, before loading anything big, with the env's own message on a bad id or keyword
+        probe = make(cfg.env.id, **env_kwargs)
+        probe.reset(seed=cfg.train.seed_start)
+        probe.close()
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"env.id={cfg.env.id!r} with env.kwargs={cfg.env.kwargs}: {e}") from None
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model.path)
+    if model is None:
+        model = load_model(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
+    ref = frozen_copy(model) if cfg.model.reference else None
+    engine = HFEngine(model, tokenizer, autocast_bf16=cfg.model.autocast_bf16, seed=cfg.train.seed)
     ctx = ContextSpec(cfg.rollout.context, cfg.rollout.history_turns, cfg.rollout.few_shot, cfg.rollout.max_context_tokens)
     collector = Collector(engine, tokenizer, lambda: make(cfg.env.id, **env_kwargs), ctx)
     learner = Learner(model, cfg, pad_id=tokenizer.pad_token_id, ref_model=ref)
