@@ -3,7 +3,7 @@
     estimator = get_estimator(cfg.algo.estimator)
     advantages = estimator(groups, CreditParams(norm_std=..., gamma=...))   # one float per turn
 
-Built in: ``grpo`` (and Dr.GRPO via ``norm_std=False``), ``rloo``, ``grpo_turn``, ``gigpo``.
+Built in: ``grpo`` (and Dr.GRPO via ``norm_std=False``), ``rloo``, ``grpo_turn``, ``gigpo``, ``reinforce_pp``, ``reinforce_pp_baseline``.
 Add one with ``@register_estimator("name")`` on a function of the same signature.
 """
 
@@ -19,6 +19,7 @@ from turnrl.credit.base import (
 from turnrl.credit.outcome import grpo, rloo
 from turnrl.credit.turn import grpo_turn, turn_returns
 from turnrl.credit.gigpo import gigpo
+from turnrl.credit.reinforce import reinforce_pp, reinforce_pp_baseline
 
 __all__ = [
     "Advantages",
@@ -32,5 +33,7 @@ __all__ = [
     "rloo",
     "grpo_turn",
     "gigpo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
     "turn_returns",
 ]
