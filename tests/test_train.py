@@ -101,3 +101,19 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path, tokenizer):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         _run(tmp_path, tokenizer, [], "empty", resume=True)
+
+
+def test_an_alert_can_stop_the_run_with_a_checkpoint(tmp_path, tokenizer, monkeypatch):
+    from turnrl.monitor.detectors import Alert, Detector
+
+    class AlwaysFires(Detector):
+        name = "always"
+
+        def update(self, step, metrics):
+            return Alert(self.name, step, "synthetic alarm", {"step": step})
+
+    monkeypatch.setattr("turnrl.train.default_detectors", lambda: [AlwaysFires()])
+    run_dir, _ = _run(tmp_path, tokenizer, ["train.steps=3", "monitor.on_alert=stop"], "alarm")
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")][-1] == 1
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step_000001"
+    assert json.loads((run_dir / "alerts.jsonl").read_text().splitlines()[0])["name"] == "always"

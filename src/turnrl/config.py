@@ -106,6 +106,13 @@ class LogConfig(_Section):
     sample_trajectories: int = Field(4, ge=0, description="trajectories per step written to trajectories.jsonl")
 
 
+class MonitorConfig(_Section):
+    detectors: bool = Field(True, description="run the pathology detectors (collapse, KL blow-up, reward hacking, ...)")
+    on_alert: Literal["warn", "stop"] = Field(
+        "warn", description="on an alert: 'warn' (log it to alerts.jsonl and the terminal) or 'stop' (checkpoint and stop)"
+    )
+
+
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
@@ -114,6 +121,7 @@ class Config(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Config":

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from turnrl.engines import HFEngine, SamplingParams
 from turnrl.envs import make
 from turnrl.learner import Learner, build_samples
 from turnrl.models import frozen_copy, load_model, load_tokenizer
+from turnrl.monitor.detectors import Alert, default_detectors
 from turnrl.monitor.sinks import JsonlSink, MetricLogger, TensorBoardSink
 from turnrl.rollout import Collector, ContextSpec
 from turnrl.types import Termination, TrajectoryGroup
@@ -224,6 +226,7 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
     params = credit.CreditParams(norm_std=cfg.algo.norm_std, gamma=cfg.algo.gamma, step_weight=cfg.algo.step_weight)
     sampling = sampling_params(cfg)
     progress = _progress(cfg, start)
+    detectors = default_detectors() if cfg.monitor.detectors else []
     t_start = time.perf_counter()
 
     if start == 0 and cfg.eval.at_start:
@@ -267,15 +270,26 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
             metrics.update(evaluate(c))
         logger.log(done, metrics)
         write_trajectories(run_dir, done, groups, advantages, c.tokenizer, cfg.log.sample_trajectories)
-        if (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0) or done == cfg.train.steps or out_of_time:
+        alerts = [a for d in detectors if (a := d.update(done, metrics))]
+        stop = write_alerts(run_dir, alerts, progress) and cfg.monitor.on_alert == "stop"
+        if (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0) or done == cfg.train.steps or out_of_time or stop:
             state = {"learner": c.learner.state_dict(), "engine": c.engine.state_dict()}
             checkpoint.save_checkpoint(run_dir, done, c.model, c.tokenizer, state, keep=cfg.log.keep_checkpoints)
         progress.update(metrics)
-        if out_of_time:
+        if out_of_time or stop:
             break
     progress.close()
     logger.close()
     return run_dir
+
+
+def write_alerts(run_dir: Path, alerts: list[Alert], progress: "_progress") -> bool:
+    """Append alerts to ``alerts.jsonl`` and show them; True when there was any."""
+    for a in alerts:
+        with (run_dir / "alerts.jsonl").open("a") as f:
+            f.write(json.dumps({"step": a.step, "name": a.name, "message": a.message, "evidence": a.evidence}) + "\n")
+        progress.write(f"ALERT [{a.name}] step {a.step}: {a.message}")
+    return bool(alerts)
 
 
 class _progress:
@@ -297,6 +311,12 @@ class _progress:
             post["eval"] = f"{m['eval/success_rate']:.2f}"
         self.bar.set_postfix(post)
         self.bar.update(1)
+
+    def write(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, file=sys.stderr)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -1,0 +1,83 @@
+"""Each detector fires on a synthetic run with its pathology and stays silent on a healthy run."""
+
+import math
+
+import pytest
+
+from turnrl.monitor.detectors import (
+    EntropyCollapse, GradSpike, InvalidActionExploit, KLBlowup, LengthExplosion, NonFinite, RewardHacking, default_detectors,
+)
+
+
+def healthy(step):
+    """A run that learns: reward and success rise together, entropy declines gently, lengths stay put."""
+    m = {
+        "rollout/reward": 0.1 + 0.04 * step, "rollout/success_rate": 0.05 + 0.03 * step,
+        "rollout/reward/outcome": 0.05 + 0.03 * step, "rollout/reward/progress": 0.05 + 0.01 * step,
+        "rollout/valid_action_rate": min(1.0, 0.8 + 0.01 * step), "rollout/response_tokens": 3.0 + 0.05 * (step % 3),
+        "train/entropy": 2.0 * 0.97 ** step, "train/grad_norm": 1.0 + 0.1 * (step % 4), "train/kl": 0.01 * step,
+        "train/approx_kl": 0.001, "train/loss": 0.1,
+    }
+    if step % 5 == 0:
+        m["eval/success_rate"] = 0.03 * step
+    return m
+
+
+def run(detector, stream):
+    return [a for step, m in enumerate(stream) if (a := detector.update(step, m))]
+
+
+@pytest.mark.parametrize("detector", default_detectors(), ids=lambda d: d.name)
+def test_silent_on_a_healthy_run(detector):
+    assert run(detector, [healthy(s) for s in range(40)]) == []
+
+
+def test_non_finite():
+    stream = [healthy(s) for s in range(5)]
+    stream[3]["train/loss"] = math.nan
+    alerts = run(NonFinite(), stream)
+    assert [a.step for a in alerts] == [3] and "train/loss" in alerts[0].message
+
+
+def test_entropy_collapse():
+    stream = [dict(healthy(s), **{"train/entropy": 2.0 if s < 5 else 0.001}) for s in range(10)]
+    assert [a.step for a in run(EntropyCollapse(), stream)] == [7]
+
+
+def test_kl_blowup():
+    stream = [dict(healthy(s), **{"train/kl": 0.05 if s < 6 else 3.0}) for s in range(8)]
+    assert run(KLBlowup(), stream)[0].step == 6
+
+
+def test_grad_spike():
+    stream = [dict(healthy(s), **{"train/grad_norm": 1.0 if s != 8 else 50.0}) for s in range(12)]
+    assert [a.step for a in run(GradSpike(), stream)] == [8]
+
+
+def test_length_explosion():
+    stream = [dict(healthy(s), **{"rollout/response_tokens": 3.0 if s < 6 else 40.0}) for s in range(8)]
+    assert run(LengthExplosion(), stream)[0].step == 6
+
+
+def test_reward_hacking_against_the_trusted_verifier():
+    # training reward climbs (a gamed verifier pays) while held-out success stays at 0.1
+    stream = []
+    for s in range(30):
+        m = dict(healthy(s), **{"rollout/reward": 0.1 + 0.1 * s, "rollout/success_rate": 0.9})
+        if s % 5 == 0:
+            m["eval/success_rate"] = 0.1
+        stream.append(m)
+    alerts = run(RewardHacking(), stream)
+    assert alerts and alerts[0].name == "reward_hacking" and "held-out" in alerts[0].message
+    assert alerts[0].step == 10  # the first step with a full window and three flat evaluations
+
+
+def test_reward_hacking_by_a_side_component():
+    stream = [dict(healthy(0), **{"rollout/reward/format": 0.1 * s, "rollout/success_rate": 0.2}) for s in range(12)]
+    alerts = run(RewardHacking(), stream)
+    assert alerts and "format" in alerts[0].message
+
+
+def test_invalid_action_exploit():
+    stream = [dict(healthy(s), **{"rollout/valid_action_rate": 1.0 - 0.1 * s, "rollout/reward": 0.1 * s}) for s in range(8)]
+    assert run(InvalidActionExploit(), stream)
