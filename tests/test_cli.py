@@ -68,3 +68,17 @@ def test_play_reads_stdin(monkeypatch, capsys):
     monkeypatch.setattr("builtins.input", lambda _: next(answers))
     assert main(["play", "frozenlake-v0", "map_name=4x4", "--seed", "0"]) == 0
     assert "reward" in capsys.readouterr().out
+
+
+def test_watch_renders_a_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": 0, "eval/success_rate": 0.0},
+            {"step": 1, "rollout/success_rate": 0.25, "rollout/reward": 0.5, "rollout/valid_action_rate": 0.9,
+             "train/entropy": 1.2, "train/grad_norm": 0.7, "perf/rollout_s": 3.0, "perf/train_s": 4.0, "eval/success_rate": 0.5}]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (run / "alerts.jsonl").write_text(json.dumps({"step": 1, "name": "grad_spike", "message": "big", "evidence": {}}) + "\n")
+    assert main(["watch", str(run), "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "0.25" in out and "7.0" in out and "step 1: 0.50" in out and "[grad_spike] big" in out
+    assert main(["watch", str(tmp_path / "nothing"), "--once"]) == 2

@@ -81,3 +81,18 @@ def test_reward_hacking_by_a_side_component():
 def test_invalid_action_exploit():
     stream = [dict(healthy(s), **{"rollout/valid_action_rate": 1.0 - 0.1 * s, "rollout/reward": 0.1 * s}) for s in range(8)]
     assert run(InvalidActionExploit(), stream)
+
+
+def test_reward_hacking_stays_silent_on_a_healthy_plateau():
+    # measured pattern (bench run of the default recipe, steps 27-34): training reward climbs back after a
+    # dip while held-out success wobbles at a high level (0.88 -> 0.80 -> 0.86); that is not hacking
+    rewards = [0.87, 1.50, 1.63, 1.83, 2.20, 2.12, 2.20, 2.20]
+    success = [0.19, 0.62, 0.78, 0.81, 1.00, 0.97, 1.00, 1.00]
+    stream = []
+    for s in range(30):
+        i = max(0, s - 22)
+        m = dict(healthy(1), **{"rollout/reward": rewards[i] if s >= 22 else 1.0, "rollout/success_rate": success[i] if s >= 22 else 0.5})
+        if s in (20, 25, 30 - 1):
+            m["eval/success_rate"] = {20: 0.88, 25: 0.80, 29: 0.86}[s]
+        stream.append(m)
+    assert run(RewardHacking(), stream) == []

@@ -20,8 +20,16 @@ def _load(args):
     return load_config(args.config, args.overrides)
 
 
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading / saving bars would break turnrl's own progress bar
+
+
 def cmd_train(args) -> int:
     from turnrl.train import train
+
+    _quiet_transformers()
 
     if args.resume:
         from turnrl.config import load_config
@@ -40,6 +48,8 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from turnrl.train import build, evaluate
+
+    _quiet_transformers()
 
     cfg = _load(args)
     if args.checkpoint:
@@ -82,6 +92,13 @@ def cmd_play(args) -> int:
     return 0
 
 
+def cmd_watch(args) -> int:
+    from turnrl.monitor.watch import watch
+
+    watch(Path(args.run), once=args.once, interval=args.interval)
+    return 0
+
+
 def cmd_envs(args) -> int:
     from turnrl.envs import registered
 
@@ -112,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("kwargs", nargs="*", help="env arguments as key=value, e.g. slippery=true")
     p.add_argument("--seed", type=int, default=None)
     p.set_defaults(fn=cmd_play)
+
+    p = sub.add_parser("watch", help="live terminal view of a run: recent steps, evaluations and alerts")
+    p.add_argument("run", help="a run directory")
+    p.add_argument("--once", action="store_true", help="print the view once and exit")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    p.set_defaults(fn=cmd_watch)
 
     p = sub.add_parser("envs", help="list registered environments")
     p.set_defaults(fn=cmd_envs)

@@ -140,15 +140,17 @@ class RewardHacking(Detector):
 
     Over the last ``window`` steps the training reward's trend (least-squares slope x window) must rise by
     more than ``min_rise`` while the last ``evals`` evaluations of ``eval/success_rate`` are flat or falling
-    (no gain above ``tolerance``). Also flags a named reward component other than the outcome rising by
+    (no gain above ``tolerance``) *and* the latest held-out success trails the window's training success
+    by more than ``min_gap``. The gap condition keeps a healthy run on a plateau (training success and
+    held-out success both high, evaluations wobbling within noise) silent. Also flags a named reward component other than the outcome rising by
     ``min_rise`` while ``rollout/success_rate`` stays flat: the policy is earning a side reward (format,
     length, shaping) instead of solving the task.
     """
 
     name = "reward_hacking"
 
-    def __init__(self, window: int = 8, min_rise: float = 0.3, evals: int = 3, tolerance: float = 0.02) -> None:
-        self.window, self.min_rise, self.evals, self.tolerance = window, min_rise, evals, tolerance
+    def __init__(self, window: int = 8, min_rise: float = 0.3, evals: int = 3, tolerance: float = 0.02, min_gap: float = 0.3) -> None:
+        self.window, self.min_rise, self.evals, self.tolerance, self.min_gap = window, min_rise, evals, tolerance, min_gap
         self.reward: deque[float] = deque(maxlen=window)
         self.success: deque[float] = deque(maxlen=window)
         self.components: dict[str, deque[float]] = {}
@@ -169,11 +171,13 @@ class RewardHacking(Detector):
         rise = _slope(list(self.reward)) * (self.window - 1)
         recent = self.eval_success[-self.evals :]
         if "verifier" not in self.fired and rise > self.min_rise and len(recent) == self.evals:
-            if max(recent[1:]) <= recent[0] + self.tolerance:
+            train_success = sum(self.success) / len(self.success)
+            if max(recent[1:]) <= recent[0] + self.tolerance and train_success - recent[-1] > self.min_gap:
                 self.fired.add("verifier")
-                return Alert(self.name, step, f"training reward rose by {rise:.2f} over {self.window} steps while held-out "
-                             f"success went {' -> '.join(f'{x:.2f}' for x in recent)}",
-                             {"reward_trend": rise, "eval_success": recent})
+                return Alert(self.name, step, f"training reward rose by {rise:.2f} over {self.window} steps and training "
+                             f"success is {train_success:.2f}, while held-out success went "
+                             f"{' -> '.join(f'{x:.2f}' for x in recent)}",
+                             {"reward_trend": rise, "train_success": train_success, "eval_success": recent})
         success_rise = _slope(list(self.success)) * (self.window - 1)
         for k, values in self.components.items():
             if len(values) < self.window or k in self.fired:
