@@ -72,6 +72,13 @@ def test_smoke_run_with_kl_to_a_frozen_reference(tmp_path, tokenizer):
     assert all(not p.requires_grad for p in c.learner.ref_model.parameters())
 
 
+def test_smoke_run_with_group_filtering_and_overlong_masking(tmp_path, tokenizer):
+    run_dir, _ = _run(tmp_path, tokenizer, ["algo.group_keep_fraction=0.5", "algo.mask_overlong=true", "rollout.max_new_tokens=2"], "filters")
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    # every response of the tiny model hits the 2-token limit, so masking leaves nothing to train on
+    assert rows[-1]["train/num_samples"] == 0 and rows[-1]["rollout/response_truncated_rate"] > 0.5
+
+
 def test_smoke_run_on_frozenlake(tmp_path, tokenizer):
     run_dir, _ = _run(tmp_path, tokenizer, ["env.id=frozenlake-v0", "env.progress_reward=0.2", "algo.estimator=gigpo",
                                             "algo.skip_zero_advantage=false"], "fl")

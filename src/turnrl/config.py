@@ -69,6 +69,10 @@ class AlgoConfig(_Section):
     kl_coef: float = Field(0.0, ge=0.0, description="KL-to-reference loss coefficient (0 = off)")
     kl_type: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator")
     ppo_epochs: int = Field(1, ge=1, description="passes over each batch")
+    group_keep_fraction: float = Field(
+        1.0, gt=0.0, le=1.0, description="train only on this top fraction of groups by reward spread (zero-spread groups never)"
+    )
+    mask_overlong: bool = Field(False, description="zero the advantage of responses cut by rollout.max_new_tokens")
     skip_zero_advantage: bool = Field(
         True, description="drop samples whose advantages are all zero (no policy gradient) before training"
     )

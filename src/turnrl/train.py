@@ -31,6 +31,7 @@ import yaml
 
 from turnrl import checkpoint, credit
 from turnrl.config import Config, ConfigError
+from turnrl.credit.filters import apply_group_mask, keep_informative_groups, mask_overlong
 from turnrl.engines import HFEngine, SamplingParams
 from turnrl.envs import make
 from turnrl.learner import Learner, build_samples
@@ -238,6 +239,10 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         t_rollout = time.perf_counter() - t0
         trajectories = [t for g in groups for t in g.trajectories]
         advantages = estimator(groups, params)
+        if cfg.algo.group_keep_fraction < 1.0:
+            advantages = apply_group_mask(groups, advantages, keep_informative_groups(groups, cfg.algo.group_keep_fraction))
+        if cfg.algo.mask_overlong:
+            advantages = mask_overlong(groups, advantages)
         samples = build_samples(trajectories, advantages)
         if cfg.algo.skip_zero_advantage and cfg.algo.kl_coef == 0:
             samples = [s for s in samples if any(a != 0.0 for a in s.advantages)]
