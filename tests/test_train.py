@@ -124,3 +124,22 @@ def test_an_alert_can_stop_the_run_with_a_checkpoint(tmp_path, tokenizer, monkey
     assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")][-1] == 1
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000001"
     assert json.loads((run_dir / "alerts.jsonl").read_text().splitlines()[0])["name"] == "always"
+
+
+def test_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path, tokenizer):
+    run_dir, c = _run(tmp_path, tokenizer, ["algo.dynamic_sampling_rounds=3", "rollout.group_size=2"], "dyn")
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "rollout/train_groups" in r]
+    assert rows and all(r["rollout/train_groups"] <= 2 <= r["rollout/collected_groups"] for r in rows)
+    from turnrl.train import collect_step, sampling_params
+
+    train_groups, collected = collect_step(c, 5, sampling_params(c.cfg))
+    assert all(len(set(g.rewards)) > 1 for g in train_groups)
+    assert len(train_groups) == 2 or len(collected) == 6  # filled, or every round was used
+
+
+def test_train_seeds_are_disjoint_across_steps_and_rounds():
+    from turnrl.train import train_seeds
+
+    cfg = load_config(None, ["algo.dynamic_sampling_rounds=3", "rollout.tasks_per_step=4"])
+    seen = [s for step in range(5) for r in range(3) for s in train_seeds(cfg, step, r)]
+    assert len(seen) == len(set(seen)) == 60 and max(seen) < cfg.eval.seed_start

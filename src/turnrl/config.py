@@ -69,6 +69,9 @@ class AlgoConfig(_Section):
     kl_coef: float = Field(0.0, ge=0.0, description="KL-to-reference loss coefficient (0 = off)")
     kl_type: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator")
     ppo_epochs: int = Field(1, ge=1, description="passes over each batch")
+    dynamic_sampling_rounds: int = Field(
+        1, ge=1, description="DAPO dynamic sampling: up to N rounds of fresh tasks to fill the batch with groups whose rewards vary (1 = off)"
+    )
     group_keep_fraction: float = Field(
         1.0, gt=0.0, le=1.0, description="train only on this top fraction of groups by reward spread (zero-spread groups never)"
     )
@@ -138,7 +141,7 @@ class Config(_Section):
                              f"Valid: {', '.join(available_estimators())}")
         if self.algo.kl_coef > 0 and not self.model.reference:
             raise ValueError("algo.kl_coef > 0 needs a reference model: set model.reference=true")
-        train_end = self.train.seed_start + self.train.steps * self.rollout.tasks_per_step
+        train_end = self.train.seed_start + self.train.steps * self.rollout.tasks_per_step * self.algo.dynamic_sampling_rounds
         if self.train.seed_start <= self.eval.seed_start < train_end:
             raise ValueError(
                 f"eval.seed_start={self.eval.seed_start} overlaps training seeds [{self.train.seed_start}, {train_end}): "

@@ -95,10 +95,36 @@ def sampling_params(cfg: Config, greedy: bool = False) -> SamplingParams:
     )
 
 
-def train_seeds(cfg: Config, step: int) -> list[int]:
-    """Task seeds of training step ``step`` (0-based): disjoint across steps, never eval seeds."""
+def train_seeds(cfg: Config, step: int, round_: int = 0) -> list[int]:
+    """Task seeds of training step ``step`` (0-based), sampling round ``round_``.
+
+    Each step owns a block of ``tasks_per_step * dynamic_sampling_rounds`` seeds, so seeds are a pure
+    function of (step, round): disjoint across steps, never eval seeds, and a resumed run draws the same.
+    """
     n = cfg.rollout.tasks_per_step
-    return [cfg.train.seed_start + step * n + i for i in range(n)]
+    return [cfg.train.seed_start + (step * cfg.algo.dynamic_sampling_rounds + round_) * n + i for i in range(n)]
+
+
+def collect_step(c: Components, step: int, sampling: SamplingParams) -> tuple[list[TrajectoryGroup], list[TrajectoryGroup]]:
+    """Collect the step's groups; returns ``(train_groups, all_groups)``.
+
+    With ``algo.dynamic_sampling_rounds > 1`` (DAPO's dynamic sampling), groups whose rewards do not vary
+    are set aside and further rounds of fresh tasks are collected until ``tasks_per_step`` groups with
+    reward variance are found or the rounds run out; the batch is those groups.
+    """
+    cfg = c.cfg
+    rounds = cfg.algo.dynamic_sampling_rounds
+    everything: list[TrajectoryGroup] = []
+    informative: list[TrajectoryGroup] = []
+    for r in range(rounds):
+        groups = c.collector.collect(train_seeds(cfg, step, r), cfg.rollout.group_size, sampling, env_id=cfg.env.id)
+        everything += groups
+        if rounds == 1:
+            return groups, groups
+        informative += [g for g in groups if len(set(g.rewards)) > 1]
+        if len(informative) >= cfg.rollout.tasks_per_step:
+            break
+    return informative[: cfg.rollout.tasks_per_step], everything
 
 
 def eval_seeds(cfg: Config) -> list[int]:
@@ -235,7 +261,7 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
     step = start
     for step in range(start, cfg.train.steps):
         t0 = time.perf_counter()
-        groups = c.collector.collect(train_seeds(cfg, step), cfg.rollout.group_size, sampling, env_id=cfg.env.id)
+        groups, collected = collect_step(c, step, sampling)
         t_rollout = time.perf_counter() - t0
         trajectories = [t for g in groups for t in g.trajectories]
         advantages = estimator(groups, params)
@@ -251,7 +277,9 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         t_train = time.perf_counter() - t1
         c.engine.sync_weights()
 
-        metrics.update(rollout_metrics(groups))
+        metrics.update(rollout_metrics(collected))
+        metrics["rollout/train_groups"] = float(len(groups))
+        metrics["rollout/collected_groups"] = float(len(collected))
         flat_adv = [a for adv in advantages for a in adv]
         st = c.collector.stats
         metrics.update(
