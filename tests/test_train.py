@@ -1,6 +1,7 @@
 """Smoke runs of the whole loop with a tiny model, and exact resume."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -77,6 +78,14 @@ def test_smoke_run_with_group_filtering_and_overlong_masking(tmp_path, tokenizer
     rows = read_metrics(run_dir / "metrics.jsonl")
     # every response of the tiny model hits the 2-token limit, so masking leaves nothing to train on
     assert rows[-1]["train/num_samples"] == 0 and rows[-1]["rollout/response_truncated_rate"] > 0.5
+
+
+def test_smoke_run_with_gspo_entropy_bonus_and_dr_grpo_aggregation(tmp_path, tokenizer):
+    run_dir, _ = _run(tmp_path, tokenizer, ["algo.ratio_level=sequence", "algo.clip_low=0.0003", "algo.clip_high=0.0004",
+                                            "algo.entropy_coef=0.01", "algo.loss_agg=seq-mean-token-sum-norm",
+                                            "algo.norm_std=false"], "gspo")
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert rows[-1]["train/num_samples"] > 0 and math.isfinite(rows[-1]["train/loss"])
 
 
 def test_smoke_run_on_frozenlake(tmp_path, tokenizer):

@@ -63,11 +63,15 @@ class AlgoConfig(_Section):
     clip_low: float = Field(0.2, ge=0.0, description="PPO ratio clip below 1")
     clip_high: float = Field(0.28, ge=0.0, description="PPO ratio clip above 1 (DAPO clip-higher)")
     dual_clip: float | None = Field(None, gt=1.0, description="dual-clip constant c > 1 for negative advantages (None = off)")
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
+    ratio_level: Literal["token", "sequence"] = Field(
+        "token", description="'token': PPO's per-token ratio; 'sequence': GSPO's length-normalised sequence ratio"
+    )
+    entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus coefficient (0 = entropy is only a metric)")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
         "token-mean", description="how per-token losses are aggregated"
     )
     kl_coef: float = Field(0.0, ge=0.0, description="KL-to-reference loss coefficient (0 = off)")
-    kl_type: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator")
+    kl_type: Literal["k1", "k2", "k3", "k3+"] = Field("k3", description="KL estimator ('k3+': k3's value, k2's gradient)")
     ppo_epochs: int = Field(1, ge=1, description="passes over each batch")
     dynamic_sampling_rounds: int = Field(
         1, ge=1, description="DAPO dynamic sampling: up to N rounds of fresh tasks to fill the batch with groups whose rewards vary (1 = off)"

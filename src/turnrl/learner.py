@@ -206,14 +206,19 @@ class Learner:
                 logp = losses.token_logprobs(logits.float(), batch.targets, temperature)
                 per_tok, stats = losses.ppo_clip_loss(
                     logp, batch.old_logprobs, batch.advantages, batch.mask, clip_low=a.clip_low, clip_high=a.clip_high,
-                    dual_clip=a.dual_clip,
+                    dual_clip=a.dual_clip, ratio_level=a.ratio_level,
                 )
+                if a.entropy_coef > 0:  # bonus: minimise -H (the metric below is computed without grad)
+                    per_tok = per_tok - a.entropy_coef * losses.entropy_from_logits(logits.float() / temperature)
                 if ref_logits is not None:
                     ref_logp = losses.token_logprobs(ref_logits.float(), batch.targets, temperature)
                     kl = losses.kl_penalty(logp, ref_logp, a.kl_type)
                     per_tok = per_tok + a.kl_coef * kl
                     _acc(sums, "kl", float((kl.detach() * batch.mask).sum()))
-                loss = losses.aggregate(per_tok, batch.mask, a.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs)
+                loss = losses.aggregate(
+                    per_tok, batch.mask, a.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs,
+                    norm_len=float(self.cfg.rollout.max_new_tokens),
+                )
                 loss.backward()
                 n = float(batch.mask.sum())
                 with torch.no_grad():

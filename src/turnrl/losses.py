@@ -18,8 +18,9 @@ from typing import Literal
 
 import torch
 
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-KLKind = Literal["k1", "k2", "k3"]
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+KLKind = Literal["k1", "k2", "k3", "k3+"]
+RatioLevel = Literal["token", "sequence"]
 
 KL_LOG_RATIO_CLAMP = 20.0
 """|log(p_ref / p)| is clamped to this before ``exp`` in k3 (exp(20) ~ 4.9e8 stays finite in fp32 and bf16)."""
@@ -40,6 +41,7 @@ def ppo_clip_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: float | None = None,
+    ratio_level: RatioLevel = "token",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     r"""PPO clipped surrogate per token (Schulman et al. 2017, arXiv:1707.06347), with asymmetric clip
     ranges (DAPO "clip-higher", arXiv:2503.14476) and optional dual clip (Ye et al. 2020, arXiv:1912.09729).
@@ -50,6 +52,11 @@ def ppo_clip_loss(
 
     The dual clip bounds the loss of a negative-advantage token whose ratio has grown beyond c: there the
     loss is the constant -c*A and the token has zero gradient (same as verl's ``clip_ratio_c``).
+
+    ``ratio_level="sequence"`` is GSPO (Zheng et al. 2025, arXiv:2507.18071, the GSPO-token form): every
+    token of sequence b uses the length-normalised sequence ratio s_b = exp(mean_t (logprobs - old)) as its
+    value, with the gradient of s_b * logprobs_t / sg(logprobs_t), so the whole sequence is clipped together.
+    GSPO's clip ranges are much smaller than PPO's (the paper uses 3e-4 / 4e-4).
 
     Args:
         logprobs: current policy log-probabilities of the emitted tokens (carry the gradient).
@@ -76,6 +83,11 @@ def ppo_clip_loss(
     old_logprobs = old_logprobs.detach()
     # Sanitise masked-out positions so garbage there (e.g. -inf padding) gives ratio 1 and a clean zero gradient.
     log_ratio = torch.where(m, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    if ratio_level == "sequence":
+        seq = log_ratio.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)
+        log_ratio = torch.where(m, seq.detach() + logprobs - logprobs.detach(), torch.zeros_like(logprobs))
+    elif ratio_level != "token":
+        raise ValueError(f"ratio_level must be 'token' or 'sequence' (got {ratio_level!r})")
     adv = torch.where(m, advantages, torch.zeros_like(advantages))
     ratio = torch.exp(log_ratio)
     unclipped = -ratio * adv
@@ -116,6 +128,7 @@ def aggregate(
     *,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    norm_len: float | None = None,
 ) -> torch.Tensor:
     r"""Reduce a per-token loss to a scalar. Shape: (batch, seq_len) -> ().
 
@@ -123,7 +136,9 @@ def aggregate(
 
         "token-mean"           sum_{b,t} M L / num_tokens                (num_tokens = sum M)
         "seq-mean-token-mean"  sum_b [ sum_t M L / |b| ] / num_seqs      (each sequence weighs the same)
-        "seq-mean-token-sum"   sum_b [ sum_t M L ] / num_seqs            (Dr.GRPO; longer sequences weigh more)
+        "seq-mean-token-sum"   sum_b [ sum_t M L ] / num_seqs            (longer sequences weigh more)
+        "seq-mean-token-sum-norm"  sum_b [ sum_t M L / norm_len ] / num_seqs   (Dr.GRPO: a constant length
+                               ``norm_len``, e.g. the generation budget, instead of each sequence's own)
 
     Gradient accumulation: call this once per micro-batch with the normalisers of the *whole* batch
     (``num_tokens`` = loss tokens in the batch for token-mean; ``num_seqs`` = sequences in the batch for the
@@ -141,11 +156,17 @@ def aggregate(
     if mode == "token-mean":
         denom = float(m.sum()) if num_tokens is None else float(num_tokens)
         return masked.sum() / max(denom, 1.0)
-    if mode not in ("seq-mean-token-mean", "seq-mean-token-sum"):
-        raise ValueError(f"unknown loss aggregation {mode!r}; valid: token-mean, seq-mean-token-mean, seq-mean-token-sum")
+    if mode not in ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        raise ValueError(
+            f"unknown loss aggregation {mode!r}; valid: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm"
+        )
     per_seq = masked.sum(dim=-1)
     if mode == "seq-mean-token-mean":
         per_seq = per_seq / m.sum(dim=-1).clamp_min(1).to(per_seq.dtype)
+    if mode == "seq-mean-token-sum-norm":
+        if not norm_len or norm_len <= 0:
+            raise ValueError("seq-mean-token-sum-norm needs norm_len > 0 (the constant length, e.g. max_new_tokens)")
+        per_seq = per_seq / float(norm_len)
     denom = float((m.sum(dim=-1) > 0).sum()) if num_seqs is None else float(num_seqs)
     return per_seq.sum() / max(denom, 1.0)
 
@@ -161,6 +182,8 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind 
         k1 = d                                 unbiased, high variance, can be negative
         k2 = d^2 / 2                           biased (low for small KL), always >= 0
         k3 = exp(-d) - (-d) - 1                unbiased, low variance, always >= 0 (GRPO's KL term)
+        k3+ = k3's value with k2's gradient    (k2 + sg(k3 - k2)): k2's gradient is the unbiased gradient
+                                               of KL(pi || pi_ref) as a loss, which k3's is not
 
     Stability: for k3, -d = log(pi_ref / pi) is clamped to [-20, 20] (``KL_LOG_RATIO_CLAMP``) before
     ``exp``, so a token the reference finds astronomically more likely than the policy yields at most
@@ -177,10 +200,14 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind 
         return d
     if kind == "k2":
         return 0.5 * d * d
-    if kind == "k3":
+    if kind in ("k3", "k3+"):
         x = (-d).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
-        return torch.exp(x) - x - 1.0
-    raise ValueError(f"unknown KL estimator {kind!r}; valid: k1, k2, k3")
+        k3 = torch.exp(x) - x - 1.0
+        if kind == "k3":
+            return k3
+        k2 = 0.5 * d * d
+        return k2 + (k3 - k2).detach()
+    raise ValueError(f"unknown KL estimator {kind!r}; valid: k1, k2, k3, k3+")
 
 
 # --------------------------------------------------------------------------------------------- vocab-wide reductions

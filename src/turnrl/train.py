@@ -270,7 +270,7 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         if cfg.algo.mask_overlong:
             advantages = mask_overlong(groups, advantages)
         samples = build_samples(trajectories, advantages)
-        if cfg.algo.skip_zero_advantage and cfg.algo.kl_coef == 0:
+        if cfg.algo.skip_zero_advantage and cfg.algo.kl_coef == 0 and cfg.algo.entropy_coef == 0:
             samples = [s for s in samples if any(a != 0.0 for a in s.advantages)]
         t1 = time.perf_counter()
         metrics = c.learner.update(samples)
