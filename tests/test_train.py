@@ -88,6 +88,13 @@ def test_smoke_run_with_gspo_entropy_bonus_and_dr_grpo_aggregation(tmp_path, tok
     assert rows[-1]["train/num_samples"] > 0 and math.isfinite(rows[-1]["train/loss"])
 
 
+def test_smoke_run_with_a_process_reward_model_and_reward_clipping(tmp_path, tokenizer):
+    run_dir, _ = _run(tmp_path, tokenizer, ["algo.prm=tests.test_rewards:length_prm", "algo.prm_weight=0.5",
+                                            "algo.reward_clip=0.75", "algo.estimator=grpo_turn"], "prm")
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert "rollout/reward/prm" in rows[-1] and rows[-1]["rollout/reward/prm"] <= 0  # random text is never 'Right'
+
+
 def test_smoke_run_on_frozenlake(tmp_path, tokenizer):
     run_dir, _ = _run(tmp_path, tokenizer, ["env.id=frozenlake-v0", "env.progress_reward=0.2", "algo.estimator=gigpo",
                                             "algo.skip_zero_advantage=false"], "fl")

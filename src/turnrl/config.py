@@ -73,6 +73,9 @@ class AlgoConfig(_Section):
     kl_coef: float = Field(0.0, ge=0.0, description="KL-to-reference loss coefficient (0 = off)")
     kl_type: Literal["k1", "k2", "k3", "k3+"] = Field("k3", description="KL estimator ('k3+': k3's value, k2's gradient)")
     ppo_epochs: int = Field(1, ge=1, description="passes over each batch")
+    prm: str = Field("", description="process-reward model 'package.module:function(trajectory, turn) -> float' ('' = none)")
+    prm_weight: float = Field(1.0, description="weight of the process-reward model's score in each turn's reward")
+    reward_clip: float = Field(0.0, ge=0.0, description="clip every turn reward to [-c, c] before credit (0 = off)")
     dynamic_sampling_rounds: int = Field(
         1, ge=1, description="DAPO dynamic sampling: up to N rounds of fresh tasks to fill the batch with groups whose rewards vary (1 = off)"
     )

@@ -32,6 +32,7 @@ import yaml
 from turnrl import checkpoint, credit
 from turnrl.config import Config, ConfigError
 from turnrl.credit.filters import apply_group_mask, keep_informative_groups, mask_overlong
+from turnrl.credit.rewards import apply_process_rewards, clip_rewards, load_prm
 from turnrl.engines import HFEngine, SamplingParams
 from turnrl.envs import make
 from turnrl.learner import Learner, build_samples
@@ -254,6 +255,7 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
     sampling = sampling_params(cfg)
     progress = _progress(cfg, start)
     detectors = default_detectors() if cfg.monitor.detectors else []
+    prm = load_prm(cfg.algo.prm) if cfg.algo.prm else None
     t_start = time.perf_counter()
 
     if start == 0 and cfg.eval.at_start:
@@ -264,6 +266,10 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         groups, collected = collect_step(c, step, sampling)
         t_rollout = time.perf_counter() - t0
         trajectories = [t for g in groups for t in g.trajectories]
+        if prm is not None:
+            apply_process_rewards(groups, prm, cfg.algo.prm_weight)
+        if cfg.algo.reward_clip > 0:
+            clip_rewards(groups, cfg.algo.reward_clip)
         advantages = estimator(groups, params)
         if cfg.algo.group_keep_fraction < 1.0:
             advantages = apply_group_mask(groups, advantages, keep_informative_groups(groups, cfg.algo.group_keep_fraction))
