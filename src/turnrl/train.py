@@ -1,9 +1,9 @@
 """The training loop, readable top to bottom.
 
     for step in steps:
-        tasks      = the next `tasks_per_step` training seeds (a pure function of the step)
-        groups     = collector.collect(tasks, group_size)          # multi-turn rollouts, exact token ids
-        advantages = estimator(groups, params)                     # one signature for every estimator
+        groups     = collect_step(step)                            # multi-turn rollouts, exact token ids;
+                                                                   # seeds are a pure function of the step
+        advantages = assign_credit(groups)                         # one signature for every estimator
         samples    = build_samples(trajectories, advantages)       # loss mask on the model's own tokens
         learner.update(samples)                                    # micro-batches, grad accumulation, clip
         engine.sync_weights()                                      # the engine samples from the new weights
@@ -11,8 +11,10 @@
 
 What it implements, plainly: on-policy policy gradient with a PPO-clip surrogate against the engine's
 behaviour logprobs (one optimizer step per batch by default, so the ratio is 1 up to bf16 noise and the
-clip only matters with ``ppo_epochs > 1``), outcome-level advantages from the configured estimator
-broadcast to every turn of a trajectory, and no KL term unless ``algo.kl_coef > 0``.
+clip only matters with ``ppo_epochs > 1``), per-turn advantages from the configured estimator (the
+default ``grpo_turn`` gives each turn its own from discounted turn returns; episode-level estimators give
+every turn of a trajectory the same value), each spread over that turn's response tokens, and no KL term
+unless ``algo.kl_coef > 0``.
 """
 
 from __future__ import annotations
@@ -229,6 +231,39 @@ def write_trajectories(run_dir: Path, step: int, groups: list[TrajectoryGroup], 
             f.write(json.dumps(r) + "\n")
 
 
+def assign_credit(cfg: Config, groups: list[TrajectoryGroup], estimator, params, prm) -> list[list[float]]:
+    """Per-turn advantages: reward transforms (PRM, clipping), the estimator, then batch shaping."""
+    if prm is not None:
+        apply_process_rewards(groups, prm, cfg.algo.prm_weight)
+    if cfg.algo.reward_clip > 0:
+        clip_rewards(groups, cfg.algo.reward_clip)
+    advantages = estimator(groups, params)
+    if cfg.algo.group_keep_fraction < 1.0:
+        advantages = apply_group_mask(groups, advantages, keep_informative_groups(groups, cfg.algo.group_keep_fraction))
+    if cfg.algo.mask_overlong:
+        advantages = mask_overlong(groups, advantages)
+    return advantages
+
+
+def step_metrics(c: Components, advantages, samples, t_rollout: float, t_train: float, t_start: float) -> dict[str, float]:
+    """Advantage statistics and perf/* timings of one step."""
+    flat_adv = [a for adv in advantages for a in adv]
+    st = c.collector.stats
+    return {
+        "train/advantage_mean": float(np.mean(flat_adv)) if flat_adv else 0.0,
+        "train/advantage_std": float(np.std(flat_adv)) if flat_adv else 0.0,
+        "perf/rollout_s": t_rollout,
+        "perf/train_s": t_train,
+        "perf/generate_s": st.generate_s,
+        "perf/env_s": st.env_s,
+        "perf/prompt_tokens": float(st.prompt_tokens),
+        "perf/generated_tokens": float(st.generated_tokens),
+        "perf/generate_tokens_per_s": st.generated_tokens / max(st.generate_s, 1e-9),
+        "perf/train_tokens_per_s": sum(len(s) for s in samples) / max(t_train, 1e-9),
+        "perf/wall_s": time.perf_counter() - t_start,
+    }
+
+
 def train(cfg: Config, resume: Path | None = None, components: Components | None = None, run_dir: Path | None = None) -> Path:
     """Run (or continue) training; returns the run directory."""
     c = components or build(cfg)
@@ -266,15 +301,7 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         groups, collected = collect_step(c, step, sampling)
         t_rollout = time.perf_counter() - t0
         trajectories = [t for g in groups for t in g.trajectories]
-        if prm is not None:
-            apply_process_rewards(groups, prm, cfg.algo.prm_weight)
-        if cfg.algo.reward_clip > 0:
-            clip_rewards(groups, cfg.algo.reward_clip)
-        advantages = estimator(groups, params)
-        if cfg.algo.group_keep_fraction < 1.0:
-            advantages = apply_group_mask(groups, advantages, keep_informative_groups(groups, cfg.algo.group_keep_fraction))
-        if cfg.algo.mask_overlong:
-            advantages = mask_overlong(groups, advantages)
+        advantages = assign_credit(cfg, groups, estimator, params, prm)
         samples = build_samples(trajectories, advantages)
         if cfg.algo.skip_zero_advantage and cfg.algo.kl_coef == 0 and cfg.algo.entropy_coef == 0:
             samples = [s for s in samples if any(a != 0.0 for a in s.advantages)]
@@ -286,23 +313,7 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         metrics.update(rollout_metrics(collected))
         metrics["rollout/train_groups"] = float(len(groups))
         metrics["rollout/collected_groups"] = float(len(collected))
-        flat_adv = [a for adv in advantages for a in adv]
-        st = c.collector.stats
-        metrics.update(
-            {
-                "train/advantage_mean": float(np.mean(flat_adv)) if flat_adv else 0.0,
-                "train/advantage_std": float(np.std(flat_adv)) if flat_adv else 0.0,
-                "perf/rollout_s": t_rollout,
-                "perf/train_s": t_train,
-                "perf/generate_s": st.generate_s,
-                "perf/env_s": st.env_s,
-                "perf/prompt_tokens": float(st.prompt_tokens),
-                "perf/generated_tokens": float(st.generated_tokens),
-                "perf/generate_tokens_per_s": st.generated_tokens / max(st.generate_s, 1e-9),
-                "perf/train_tokens_per_s": sum(len(s) for s in samples) / max(t_train, 1e-9),
-                "perf/wall_s": time.perf_counter() - t_start,
-            }
-        )
+        metrics.update(step_metrics(c, advantages, samples, t_rollout, t_train, t_start))
         done = step + 1
         out_of_time = cfg.train.max_minutes > 0 and (time.perf_counter() - t_start) > 60 * cfg.train.max_minutes
         if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps or out_of_time:
