@@ -28,10 +28,10 @@ def _reference_logprobs(model, s: TrainSample) -> torch.Tensor:
 
 
 def _batched_logprobs(model, samples):
-    from turnrl.learner import Learner
+    from turnrl.learner import response_logits
 
     batch = collate(samples, pad_id=0, min_shared_prefix=4)
-    logits = Learner._logits(None, model, batch).float()
+    logits = response_logits(model, batch).float()
     lp = torch.log_softmax(logits, -1).gather(-1, batch.targets[..., None]).squeeze(-1)
     return batch, [lp[b][batch.mask[b].bool()] for b in range(len(samples))]
 

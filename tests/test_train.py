@@ -159,3 +159,12 @@ def test_train_seeds_are_disjoint_across_steps_and_rounds():
     cfg = load_config(None, ["algo.dynamic_sampling_rounds=3", "rollout.tasks_per_step=4"])
     seen = [s for step in range(5) for r in range(3) for s in train_seeds(cfg, step, r)]
     assert len(seen) == len(set(seen)) == 60 and max(seen) < cfg.eval.seed_start
+
+
+def test_checkpoints_keep_exactly_the_newest_n(tmp_path, tokenizer, tiny_model):
+    from turnrl import checkpoint
+
+    for step in (1, 2, 3, 4):
+        checkpoint.save_checkpoint(tmp_path, step, tiny_model, tokenizer, {}, keep=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000003", "step_000004"]
+    assert checkpoint.latest_checkpoint(tmp_path).name == "step_000004"

@@ -48,7 +48,8 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
     tmp.rename(final)
     (root / "latest.tmp").write_text(final.name)
     (root / "latest.tmp").rename(root / "latest")
-    for old in sorted(p for p in root.glob("step_*") if p != final)[:-keep] if keep > 0 else []:
+    older = sorted(p for p in root.glob("step_*") if p != final)
+    for old in older[: max(0, len(older) - (keep - 1))]:  # keep `keep` checkpoints, this one included
         shutil.rmtree(old, ignore_errors=True)
     return final
 

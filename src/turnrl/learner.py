@@ -75,7 +75,8 @@ def micro_batches(samples: Sequence[TrainSample], token_budget: int) -> list[lis
     cur: list[TrainSample] = []
     for i in order:
         s = samples[i]
-        if cur and (len(cur) + 1) * (max(len(s), max(len(c) for c in cur)) - shared) > token_budget:
+        # samples arrive shortest first, so the newcomer is the longest row of the batch
+        if cur and (len(cur) + 1) * (len(s) - shared) > token_budget:
             batches.append(cur)
             cur = []
         cur.append(s)
@@ -146,6 +147,25 @@ def collate(samples: Sequence[TrainSample], pad_id: int, min_shared_prefix: int 
 
 
 
+def response_logits(model, batch: _Batch) -> torch.Tensor:
+    """Logits at every kept position but the last, i.e. those predicting ``batch.targets``.
+
+    Shape: (batch, keep - 1, vocab). The shared prefix runs once and is broadcast (:mod:`turnrl.prefix`).
+    """
+    cache = prefix_cache(model, batch.prefix, batch.ids.shape[0]) if batch.prefix else None
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32
+    out, _ = forward(
+        model,
+        cache,
+        input_ids=batch.ids,
+        attention_mask=additive_mask(batch.attention, batch.ids.shape[1], dtype),
+        position_ids=batch.positions,
+        use_cache=cache is not None,
+        logits_to_keep=batch.keep,
+    )
+    return out.logits[:, :-1, :]  # position t predicts token t+1: drop the last kept position
+
+
 class Learner:
     """Owns the optimizer and turns TrainSamples into one optimizer step per call to :meth:`update`."""
 
@@ -166,20 +186,6 @@ class Learner:
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _logits(self, model, batch: _Batch) -> torch.Tensor:
-        cache = prefix_cache(model, batch.prefix, batch.ids.shape[0]) if batch.prefix else None
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32
-        out, _ = forward(
-            model,
-            cache,
-            input_ids=batch.ids,
-            attention_mask=additive_mask(batch.attention, batch.ids.shape[1], dtype),
-            position_ids=batch.positions,
-            use_cache=cache is not None,
-            logits_to_keep=batch.keep,
-        )
-        return out.logits[:, :-1, :]  # position t predicts token t+1: drop the last kept position
-
     def update(self, samples: Sequence[TrainSample]) -> dict[str, float]:
         """One optimizer step (per PPO epoch) over ``samples``; returns train/* metrics."""
         a = self.cfg.algo
@@ -198,11 +204,11 @@ class Learner:
             for mb in batches:
                 batch = collate(mb, self.pad_id)
                 with self._autocast():
-                    logits = self._logits(self.model, batch)
+                    logits = response_logits(self.model, batch)
                     ref_logits = None
                     if self.ref_model is not None and a.kl_coef > 0:
                         with torch.no_grad():
-                            ref_logits = self._logits(self.ref_model, batch)
+                            ref_logits = response_logits(self.ref_model, batch)
                 logp = losses.token_logprobs(logits.float(), batch.targets, temperature)
                 per_tok, stats = losses.ppo_clip_loss(
                     logp, batch.old_logprobs, batch.advantages, batch.mask, clip_low=a.clip_low, clip_high=a.clip_high,
