@@ -1,8 +1,11 @@
 """The collector: drives (tasks x group size) episodes against an engine, concurrently, turn by turn.
 
-All live episodes advance in lock step: one batched ``engine.generate`` call per turn for every
-episode still running, then every env's ``astep`` awaited together (so envs that wait on a network or a
-subprocess overlap). Trajectories keep the exact token ids the engine conditioned on and produced, the
+With a plain engine, all live episodes advance in lock step: one batched ``engine.generate`` call per
+turn for every episode still running, then every env's ``astep`` awaited together (so envs that wait on
+a network or a subprocess overlap). With a session engine (one that has ``open``/``agenerate``/``close``,
+like :class:`~turnrl.engines.native.NativeEngine`), each episode is a coroutine holding one engine
+sequence for its lifetime: the engine batches whatever turns are in flight (continuous batching) and
+keeps each sequence's KV cache between turns. Trajectories keep the exact token ids the engine conditioned on and produced, the
 behaviour logprobs, per-turn reward components, the anchor state each turn acted in, and why the episode
 ended. A failing env ends only its own episode (``Termination.ENV_ERROR``), never the batch.
 """
@@ -88,9 +91,14 @@ class Collector:
                 ep.pending = self.renderer(env).full_initial_prompt(ep.observation)
             episodes.append(ep)
 
-        live = episodes
-        while live:
-            live = await self._turn(live, sampling)
+        if hasattr(self.engine, "agenerate"):  # a session engine: continuous batching, caches kept across turns
+            t0 = time.perf_counter()
+            await asyncio.gather(*(self._episode(ep, sampling) for ep in episodes))
+            self.stats.generate_s = time.perf_counter() - t0 - self.stats.env_s  # wall time, not the sum over episodes
+        else:
+            live = episodes
+            while live:
+                live = await self._turn(live, sampling)
         return groups
 
     def _prompt(self, ep: _Episode) -> list[int]:
@@ -124,44 +132,81 @@ class Collector:
         results = await asyncio.gather(*(ep.env.astep(text) for ep, text in zip(runnable, texts)), return_exceptions=True)
         self.stats.env_s += time.perf_counter() - t0
 
-        still = []
-        for ep, ids, comp, text, anchor, res in zip(runnable, prompts, completions, texts, anchors, results):
-            prompt_part = ep.pending if self.context.strategy == "full" else ids
-            turn = Turn(
-                prompt_ids=list(prompt_part),
-                response_ids=list(comp.token_ids),
-                logprobs=list(comp.logprobs),
-                observation=ep.observation,
-                response_text=text,
-                anchor=anchor,
-                finish_reason=comp.finish_reason,
-            )
-            ep.traj.turns.append(turn)
-            ep.traj.policy_version = comp.version
-            if isinstance(res, BaseException):
-                turn.valid = False
-                ep.traj.error = f"step failed: {type(res).__name__}: {res}"
-                self._finish(ep, Termination.ENV_ERROR)
-                continue
-            obs, reward, terminated, truncated, info = res
-            turn.reward = float(reward)
-            turn.reward_components = dict(info.get("reward_components", {"reward": float(reward)}))
-            turn.actions = list(info.get("actions", []))
-            turn.valid = bool(info.get("valid", True))
-            turn.info = {k: v for k, v in info.items() if k not in ("reward_components", "actions", "valid")}
-            ep.traj.success = bool(info.get("success", False))
-            if terminated:
-                self._finish(ep, Termination.TERMINATED)
-            elif truncated:
-                self._finish(ep, Termination.TRUNCATED_CONTEXT if info.get("truncation") == "context" else Termination.TRUNCATED_TURNS)
-            else:
-                if self.context.strategy == "full":
-                    ended_eos = bool(comp.token_ids) and comp.token_ids[-1] == self.tokenizer.eos_token_id
-                    ep.conversation = ep.conversation + ep.pending + list(comp.token_ids)
-                    ep.pending = self.renderer(ep.env).full_continuation(obs, ended_eos)
-                ep.observation = obs
-                still.append(ep)
-        return still
+        return [
+            ep for ep, ids, comp, text, anchor, res in zip(runnable, prompts, completions, texts, anchors, results)
+            if self._record(ep, ids, comp, text, anchor, res)
+        ]
+
+    async def _episode(self, ep: _Episode, sampling: SamplingParams) -> None:
+        """Continuous batching: one episode as a coroutine, its turns submitted to a session engine.
+
+        The episode keeps one engine sequence for its lifetime, so the engine reuses the cached part of each
+        prompt (the whole conversation under ``full``; the shared head under ``per_step``).
+        """
+        engine = self.engine
+        seq = engine.open()
+        try:
+            while True:
+                ids = self._prompt(ep)
+                if len(ids) + sampling.max_new_tokens > self.context.max_context_tokens:
+                    self._finish(ep, Termination.TRUNCATED_CONTEXT)
+                    return
+                t0 = time.perf_counter()
+                comp = await engine.agenerate(seq, ids, sampling)
+                self.stats.generate_s += time.perf_counter() - t0
+                self.stats.prompt_tokens += len(ids)
+                self.stats.generated_tokens += len(comp.token_ids)
+                text = self.tokenizer.decode(comp.token_ids, skip_special_tokens=True)
+                anchor = _anchor(ep.env)
+                t0 = time.perf_counter()
+                try:
+                    res = await ep.env.astep(text)
+                except Exception as e:  # noqa: BLE001 - an env failure ends only this episode
+                    res = e
+                self.stats.env_s += time.perf_counter() - t0
+                if not self._record(ep, ids, comp, text, anchor, res):
+                    return
+        finally:
+            engine.close(seq)
+
+    def _record(self, ep: _Episode, ids: list[int], comp, text: str, anchor, res) -> bool:
+        """Append the turn to the trajectory; return whether the episode goes on."""
+        prompt_part = ep.pending if self.context.strategy == "full" else ids
+        turn = Turn(
+            prompt_ids=list(prompt_part),
+            response_ids=list(comp.token_ids),
+            logprobs=list(comp.logprobs),
+            observation=ep.observation,
+            response_text=text,
+            anchor=anchor,
+            finish_reason=comp.finish_reason,
+        )
+        ep.traj.turns.append(turn)
+        ep.traj.policy_version = comp.version
+        if isinstance(res, BaseException):
+            turn.valid = False
+            ep.traj.error = f"step failed: {type(res).__name__}: {res}"
+            self._finish(ep, Termination.ENV_ERROR)
+            return False
+        obs, reward, terminated, truncated, info = res
+        turn.reward = float(reward)
+        turn.reward_components = dict(info.get("reward_components", {"reward": float(reward)}))
+        turn.actions = list(info.get("actions", []))
+        turn.valid = bool(info.get("valid", True))
+        turn.info = {k: v for k, v in info.items() if k not in ("reward_components", "actions", "valid")}
+        ep.traj.success = bool(info.get("success", False))
+        if terminated:
+            self._finish(ep, Termination.TERMINATED)
+            return False
+        if truncated:
+            self._finish(ep, Termination.TRUNCATED_CONTEXT if info.get("truncation") == "context" else Termination.TRUNCATED_TURNS)
+            return False
+        if self.context.strategy == "full":
+            ended_eos = bool(comp.token_ids) and comp.token_ids[-1] == self.tokenizer.eos_token_id
+            ep.conversation = ep.conversation + ep.pending + list(comp.token_ids)
+            ep.pending = self.renderer(ep.env).full_continuation(obs, ended_eos)
+        ep.observation = obs
+        return True
 
     def _finish(self, ep: _Episode, why: Termination) -> None:
         ep.traj.termination = why

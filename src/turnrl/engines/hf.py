@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from turnrl.engines.base import Completion, SamplingParams
+from turnrl.engines.sampling import sample
 from turnrl.prefix import bucket_rows, round_up, common_prefix_len, forward, positions_from_mask, prefix_cache
 
 
@@ -134,26 +135,7 @@ class HFEngine:
         return [Completion(tokens[b], logps[b], finish[b], version=self.version) for b in range(B)]
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return the sampled token per row and its logprob under softmax(logits / temperature)."""
-        logits = logits.float()
-        if params.greedy:
-            logp = torch.log_softmax(logits, dim=-1)
-            tok = logits.argmax(dim=-1)
-            return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-        logp = torch.log_softmax(logits / params.temperature, dim=-1)
-        filtered = logp
-        if params.top_k > 0:
-            kth = torch.topk(filtered, min(params.top_k, filtered.shape[-1]), dim=-1).values[:, -1:]
-            filtered = filtered.masked_fill(filtered < kth, float("-inf"))
-        if params.top_p < 1.0:
-            sorted_lp, order = torch.sort(filtered, descending=True, dim=-1)
-            cum = sorted_lp.exp().cumsum(-1)
-            drop_sorted = (cum - sorted_lp.exp()) >= params.top_p  # keep the smallest set reaching top_p
-            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-            filtered = filtered.masked_fill(drop, float("-inf"))
-        probs = torch.softmax(filtered, dim=-1)
-        tok = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
-        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+        return sample(logits, params, self.generator)
 
     def _hit_stop_string(self, toks: list[int], stops: tuple[str, ...]) -> bool:
         tail = self.tokenizer.decode(toks[-8:], skip_special_tokens=False)

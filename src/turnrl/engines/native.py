@@ -1,0 +1,487 @@
+"""The native engine: multi-turn decoding with KV caches that persist across turns, and continuous batching.
+
+What it does differently from :class:`~turnrl.engines.hf.HFEngine` (the reference):
+
+- **Sequences own a slot of a preallocated KV cache and keep it between turns.** A request names its
+  sequence and gives the full prompt; the engine reuses the longest prefix of it that the sequence's
+  cache already holds and prefills only the rest. With the ``full`` context strategy the prompt of turn
+  ``t+1`` is turn ``t``'s prompt + response + the env's answer, so only the answer's tokens (and the last
+  sampled token) are ever computed: the conversation is never prefilled again. With ``per_step`` the
+  prompts share the system prompt and few-shot head, which is likewise never recomputed.
+- **A prefix store** keeps the KV of a prompt head that fresh sequences share (computed once per weight
+  version, copied into each new slot).
+- **Continuous batching.** :meth:`agenerate` is a coroutine per request; a driver task runs engine ticks
+  (admit waiting requests and prefill their new tokens; decode one token for every running request).
+  A request that finishes its turn returns at once, its episode steps its env and comes back while the
+  others keep decoding. When slots run out, the least recently used idle sequence is evicted (its cache
+  is recomputed if it returns, as vLLM's recompute preemption does).
+- **Its own forward pass** for the Llama family (Llama, Mistral, Qwen2: RMSNorm, RoPE, grouped-query
+  attention, SwiGLU), on weights copied from the learner's module at :meth:`sync_weights` into fused
+  ``qkv`` and ``gate_up`` matrices in the engine's dtype (fp32 or bf16): an in-memory copy, no disk.
+  Logits are computed only at positions that are sampled from.
+
+Sampling: temperature, top-k, top-p, stop tokens, stop strings, per-request max tokens; each sequence has
+its own seeded generator (seeded by the engine seed and the order sequences are opened), so what a
+sequence samples does not depend on which other sequences share its batch. Every completion carries the
+weight version that produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from turnrl.engines.base import Completion, SamplingParams
+from turnrl.engines.sampling import sample
+from turnrl.prefix import common_prefix_len
+
+SUPPORTED = ("llama", "mistral", "qwen2")
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+def machine_threads() -> int:
+    """Threads for torch on this machine: the CPUs this process may run on (physical ones on 2-way SMT)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS
+        n = os.cpu_count() or 1
+    return max(1, n)
+
+
+@dataclass
+class _Weights:
+    embed: torch.Tensor
+    lm_head: torch.Tensor
+    final_norm: torch.Tensor
+    layers: list[dict[str, torch.Tensor | None]]
+
+
+@dataclass
+class _Seq:
+    key: int
+    generator: torch.Generator
+    slot: int | None = None
+    tokens: list[int] = field(default_factory=list)  # ids whose keys/values are in the slot, in order
+    busy: bool = False
+
+
+@dataclass
+class _Request:
+    seq: _Seq
+    prompt: list[int]
+    params: SamplingParams
+    out: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+    future: asyncio.Future | None = None
+
+
+class NativeEngine:
+    """Engine protocol (``generate``, ``sync_weights``, ``state_dict``) plus sessions (``open``/``agenerate``/``close``).
+
+    Args:
+        model: a Hugging Face causal LM of the Llama family (the learner's module; weights are copied from it).
+        tokenizer: its tokenizer (end-of-sequence id, stop strings).
+        dtype: ``"bf16"`` or ``"fp32"`` for the engine's weights, cache and activations.
+        max_slots: sequences whose caches are resident at once (the most rows a decode step has).
+        max_len: tokens a sequence may hold (prompt and response).
+        seed: seeds every sequence's generator.
+        min_shared_prefix: the shortest head worth keeping in the prefix store.
+        threads: torch threads (default: this machine's CPUs).
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        dtype: str = "bf16",
+        max_slots: int = 64,
+        max_len: int = 2048,
+        seed: int = 0,
+        min_shared_prefix: int = 16,
+        threads: int | None = None,
+    ) -> None:
+        cfg = model.config
+        if cfg.model_type not in SUPPORTED:
+            raise UnsupportedModelError(
+                f"the native engine runs the Llama family ({', '.join(SUPPORTED)}), not '{cfg.model_type}'; "
+                "use engine=hf for this model"
+            )
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            raise UnsupportedModelError(f"the native engine needs SiLU MLPs, this model uses {cfg.hidden_act}; use engine=hf")
+        if dtype not in ("bf16", "fp32"):
+            raise ValueError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}")
+        torch.set_num_threads(threads or machine_threads())
+        self.model = model
+        self.tokenizer = tokenizer
+        self.dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+        self.max_slots = max_slots
+        self.max_len = max_len
+        self.seed = seed
+        self.min_shared_prefix = min_shared_prefix
+        self.version = 0
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.eps = cfg.rms_norm_eps
+        eos = tokenizer.eos_token_id
+        self.end_ids: set[int] = {eos} if eos is not None else set()
+        self._opened = 0
+        self._seqs: OrderedDict[int, _Seq] = OrderedDict()  # open sequences, least recently used first
+        self._slot_owner: list[_Seq | None] = [None] * max_slots
+        self._waiting: list[_Request] = []
+        self._running: list[_Request] = []
+        self._driver: asyncio.Task | None = None
+        self._prefix: tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self.counters = {
+            "prefill_tokens": 0, "decode_tokens": 0, "reused_tokens": 0, "evictions": 0, "ticks": 0,
+            "prefill_s": 0.0, "decode_s": 0.0,
+        }
+        self._load_weights()
+        self._rope_tables()
+        shape = (max_slots, self.n_kv, max_len + 1, self.head_dim)  # +1: a scratch column for padded writes
+        self._k = [torch.zeros(shape, dtype=self.dtype) for _ in self._w.layers]
+        self._v = [torch.zeros(shape, dtype=self.dtype) for _ in self._w.layers]
+
+    # ---- protocol ---------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Complete each prompt in a sequence of its own (closed afterwards). Order matches input."""
+        seqs = [self.open() for _ in prompts]
+        try:
+            reqs = [self._submit(self._seqs[s], p, params) for s, p in zip(seqs, prompts)]
+            while any(r.finish is None for r in reqs):
+                self._tick()
+            return [self._completion(r) for r in reqs]
+        finally:
+            for s in seqs:
+                self.close(s)
+
+    def sync_weights(self) -> None:
+        """Copy the learner's weights in and bump the version. Every cached key/value becomes stale and is dropped."""
+        self._load_weights()
+        self.version += 1
+        self._prefix = None
+        for s in self._seqs.values():
+            s.tokens = []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "opened": self._opened, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.version = int(state["version"])
+        self._opened = int(state.get("opened", 0))
+        self.seed = int(state.get("seed", self.seed))
+
+    # ---- sessions -----------------------------------------------------------------------------
+    def open(self) -> int:
+        """Open a sequence; returns its key. Its generator is seeded by (engine seed, opening order)."""
+        key = self._opened
+        self._opened += 1
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + key)
+        self._seqs[key] = _Seq(key, g)
+        return key
+
+    def close(self, key: int) -> None:
+        """Free a sequence and its slot. Closing an unknown or closed key does nothing."""
+        seq = self._seqs.pop(key, None)
+        if seq is not None and seq.slot is not None:
+            self._slot_owner[seq.slot] = None
+            seq.slot = None
+
+    async def agenerate(self, key: int, prompt: list[int], params: SamplingParams) -> Completion:
+        """Complete ``prompt`` in sequence ``key``, reusing what its cache holds; other requests run meanwhile."""
+        req = self._submit(self._seqs[key], prompt, params)
+        req.future = asyncio.get_running_loop().create_future()
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.ensure_future(self._drive())
+        await req.future
+        return self._completion(req)
+
+    async def _drive(self) -> None:
+        while self._waiting or self._running:
+            try:
+                self._tick()
+            except BaseException as e:  # fail every request rather than hang their episodes
+                for r in self._waiting + self._running:
+                    if r.future is not None and not r.future.done():
+                        r.future.set_exception(e)
+                self._waiting, self._running = [], []
+                raise
+            await asyncio.sleep(0)  # let finished episodes step their envs and come back
+
+    # ---- scheduling ---------------------------------------------------------------------------
+    def _submit(self, seq: _Seq, prompt: list[int], params: SamplingParams) -> _Request:
+        if not prompt:
+            raise ValueError("every prompt needs at least one token")
+        if seq.busy:
+            raise RuntimeError(f"sequence {seq.key} already has a request in flight; await it first")
+        if len(prompt) + params.max_new_tokens > self.max_len:
+            raise ValueError(
+                f"prompt of {len(prompt)} tokens + max_new_tokens {params.max_new_tokens} exceeds the engine's "
+                f"max_len {self.max_len}; raise max_len or shorten the context"
+            )
+        seq.busy = True
+        self._seqs.move_to_end(seq.key)
+        req = _Request(seq, list(prompt), params)
+        self._waiting.append(req)
+        return req
+
+    def _tick(self) -> None:
+        """One engine step: admit waiting requests (prefill their new tokens, sample), then decode the rest."""
+        self.counters["ticks"] += 1
+        admitted = self._admit()
+        if admitted:
+            t0 = time.perf_counter()
+            self._prefill(admitted)
+            self.counters["prefill_s"] += time.perf_counter() - t0
+        decoding = [r for r in self._running if r.finish is None and r not in admitted]
+        if decoding:
+            t0 = time.perf_counter()
+            self._decode(decoding)
+            self.counters["decode_s"] += time.perf_counter() - t0
+        self._running = [r for r in self._running if r.finish is None]
+
+    def _admit(self) -> list[_Request]:
+        admitted = []
+        for req in list(self._waiting):
+            if req.seq.slot is None and not self._assign_slot(req.seq):
+                break  # no slot: wait for a running request to finish
+            self._waiting.remove(req)
+            admitted.append(req)
+        self._running.extend(admitted)
+        return admitted
+
+    def _assign_slot(self, seq: _Seq) -> bool:
+        free = next((i for i, o in enumerate(self._slot_owner) if o is None), None)
+        if free is None:  # evict the least recently used sequence that is not in flight
+            victim = next((s for s in self._seqs.values() if s.slot is not None and not s.busy), None)
+            if victim is None:
+                return False
+            free, victim.slot, victim.tokens = victim.slot, None, []
+            self.counters["evictions"] += 1
+        self._slot_owner[free] = seq
+        seq.slot, seq.tokens = free, []
+        return True
+
+    def _finish_row(self, req: _Request, tok: int, lp: float) -> None:
+        req.out.append(tok)
+        req.logprobs.append(lp)
+        p = req.params
+        if tok in self.end_ids or tok in p.stop_token_ids or (p.stop_strings and self._hit_stop_string(req.out, p.stop_strings)):
+            req.finish = "stop"
+        elif len(req.out) >= p.max_new_tokens:
+            req.finish = "length"
+        if req.finish is not None:
+            req.seq.busy = False
+            if req.future is not None and not req.future.done():
+                req.future.set_result(None)
+
+    def _completion(self, req: _Request) -> Completion:
+        return Completion(list(req.out), list(req.logprobs), req.finish or "length", version=self.version)
+
+    def _hit_stop_string(self, toks: list[int], stops: tuple[str, ...]) -> bool:
+        tail = self.tokenizer.decode(toks[-8:], skip_special_tokens=False)
+        return any(s in tail for s in stops)
+
+    # ---- prefill and decode ---------------------------------------------------------------------
+    def _prefill(self, reqs: list[_Request]) -> None:
+        """Bring each request's cache up to its prompt (reusing what it holds), then sample its first token."""
+        self._maybe_store_prefix(reqs)
+        news, starts = [], []
+        for r in reqs:
+            seq = r.seq
+            if not seq.tokens and self._prefix is not None:
+                self._copy_prefix(seq, r.prompt)
+            keep = min(common_prefix_len([seq.tokens, r.prompt]), len(r.prompt) - 1)  # >= 1 new token to sample from
+            self.counters["reused_tokens"] += keep
+            seq.tokens = r.prompt[:keep]
+            news.append(r.prompt[keep:])
+            starts.append(keep)
+        self.counters["prefill_tokens"] += sum(len(n) for n in news)
+        logits = self._forward([r.seq.slot for r in reqs], news, starts)
+        for r, n in zip(reqs, news):
+            r.seq.tokens.extend(n)
+        self._sample_rows(reqs, logits)
+
+    def _decode(self, reqs: list[_Request]) -> None:
+        feeds = [[r.out[-1]] for r in reqs]
+        starts = [len(r.seq.tokens) for r in reqs]
+        self.counters["decode_tokens"] += len(reqs)
+        logits = self._forward([r.seq.slot for r in reqs], feeds, starts)
+        for r, f in zip(reqs, feeds):
+            r.seq.tokens.extend(f)
+        self._sample_rows(reqs, logits)
+
+    def _sample_rows(self, reqs: list[_Request], logits: torch.Tensor) -> None:
+        by_params: dict[SamplingParams, list[int]] = {}
+        for i, r in enumerate(reqs):
+            by_params.setdefault(r.params, []).append(i)
+        for params, rows in by_params.items():
+            tok, lp = sample(logits[rows], params, [reqs[i].seq.generator for i in rows])
+            for i, t, l in zip(rows, tok.tolist(), lp.tolist()):
+                self._finish_row(reqs[i], t, l)
+
+    def _maybe_store_prefix(self, reqs: list[_Request]) -> None:
+        """Compute the head that fresh requests share once, when the store does not already cover it."""
+        fresh = [r.prompt for r in reqs if not r.seq.tokens]
+        if len(fresh) < 2:
+            return
+        n = common_prefix_len(fresh, limit=min(len(p) for p in fresh) - 1)
+        if n < self.min_shared_prefix:
+            return
+        if self._prefix is not None and common_prefix_len([self._prefix[0], fresh[0]]) >= n:
+            return
+        head = fresh[0][:n]
+        slot = next((i for i, o in enumerate(self._slot_owner) if o is None), None)
+        borrowed = None
+        if slot is None:  # all slots taken: borrow the first request's slot; it is refilled from the store next
+            borrowed = reqs[0].seq
+            slot = borrowed.slot
+        self._forward([slot], [head], [0], need_logits=False)
+        self.counters["prefill_tokens"] += n
+        self._prefix = (head, [(k[slot, :, :n].clone(), v[slot, :, :n].clone()) for k, v in zip(self._k, self._v)])
+        if borrowed is not None:
+            borrowed.tokens = []
+
+    def _copy_prefix(self, seq: _Seq, prompt: list[int]) -> None:
+        head, kv = self._prefix
+        n = min(common_prefix_len([head, prompt]), len(prompt) - 1)
+        if n < self.min_shared_prefix:
+            return
+        for (k, v), (hk, hv) in zip(zip(self._k, self._v), kv):
+            k[seq.slot, :, :n] = hk[:, :n]
+            v[seq.slot, :, :n] = hv[:, :n]
+        seq.tokens = head[:n]
+
+    # ---- the model ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _load_weights(self) -> None:
+        m = self.model.model if hasattr(self.model, "model") else self.model
+        dt = self.dtype
+
+        def w(t, dtype=dt):
+            return None if t is None else t.detach().to(dtype).contiguous()
+
+        layers = []
+        for layer in m.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            bias = None
+            if a.q_proj.bias is not None:
+                bias = w(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
+            layers.append(
+                {
+                    "in_norm": w(layer.input_layernorm.weight, torch.float32),
+                    "qkv": w(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
+                    "qkv_bias": bias,
+                    "o": w(a.o_proj.weight),
+                    "o_bias": w(a.o_proj.bias),
+                    "post_norm": w(layer.post_attention_layernorm.weight, torch.float32),
+                    "gate_up": w(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                    "down": w(mlp.down_proj.weight),
+                }
+            )
+        self._w = _Weights(
+            embed=w(m.embed_tokens.weight),
+            lm_head=w(self.model.get_output_embeddings().weight),
+            final_norm=w(m.norm.weight, torch.float32),
+            layers=layers,
+        )
+
+    @torch.no_grad()
+    def _rope_tables(self) -> None:
+        m = self.model.model if hasattr(self.model, "model") else self.model
+        pos = torch.arange(self.max_len + 1)[None]
+        cos, sin = m.rotary_emb(torch.zeros(1, dtype=torch.float32), pos)
+        self._cos, self._sin = cos[0], sin[0]  # fp32, (max_len + 1, head_dim)
+
+    def _attend(self, q, keys, vals, mask):
+        if q.shape[2] == 1:
+            return _decode_attention(q, keys, vals, mask)
+        return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm in fp32 (as the reference does), cast to the engine dtype for the matmul that follows."""
+        return (weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))).to(self.dtype)
+
+    @torch.no_grad()
+    def _forward(self, slots: list[int], news: list[list[int]], starts: list[int], need_logits: bool = True) -> torch.Tensor | None:
+        """Run ``news[b]`` at positions ``starts[b]...`` of slot ``slots[b]``; write their keys/values there.
+
+        Rows are right-padded to the longest ``news``; a padded position writes its key/value to a column
+        the next real token overwrites (or the scratch column past ``max_len``), and no real query sees it.
+        Returns the logits at each row's last new token. Shape: (rows, vocab).
+        """
+        B, T = len(slots), max(len(n) for n in news)
+        ids = torch.zeros((B, T), dtype=torch.long)
+        lens = torch.tensor([len(n) for n in news])
+        for b, n in enumerate(news):
+            ids[b, : len(n)] = torch.tensor(n)
+        start = torch.tensor(starts)
+        pos = (start[:, None] + torch.arange(T)[None]).clamp_max(self.max_len)  # (B, T)
+        valid = torch.arange(T)[None] < lens[:, None]
+        write_pos = torch.where(valid, pos, torch.full_like(pos, self.max_len))  # padding -> scratch column
+        kv_len = int((start + lens).max())
+        slot_idx = torch.tensor(slots)
+        contiguous = slots == list(range(slots[0], slots[0] + B))
+        # Query t of row b sees keys 0 .. start_b + t.
+        allowed = torch.arange(kv_len)[None, None, :] <= pos[:, :, None]
+        mask = torch.zeros((B, 1, T, kv_len), dtype=self.dtype).masked_fill(~allowed[:, None], torch.finfo(self.dtype).min)
+        cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]  # (B, 1, T, hd)
+        nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
+        bi = slot_idx[:, None].expand(B, T)
+
+        x = self._w.embed[ids].float()  # the residual stream stays fp32, as under the learner's autocast. (B, T, H)
+        for layer, K, V in zip(self._w.layers, self._k, self._v):
+            h = self._norm(x, layer["in_norm"])
+            qkv = F.linear(h, layer["qkv"], layer["qkv_bias"])
+            q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+            q = q.view(B, T, nh, hd).transpose(1, 2)
+            k = k.view(B, T, nkv, hd).transpose(1, 2)
+            v = v.view(B, T, nkv, hd).transpose(1, 2)
+            q = (q * cos + _rotate_half(q) * sin).to(self.dtype)
+            k = (k * cos + _rotate_half(k) * sin).to(self.dtype)
+            K[bi, :, write_pos] = k.transpose(1, 2)
+            V[bi, :, write_pos] = v.transpose(1, 2)
+            if contiguous:
+                keys, vals = K[slots[0] : slots[0] + B, :, :kv_len], V[slots[0] : slots[0] + B, :, :kv_len]
+            else:
+                keys, vals = K[slot_idx, :, :kv_len], V[slot_idx, :, :kv_len]
+            att = self._attend(q, keys, vals, mask)
+            x = x + F.linear(att.transpose(1, 2).reshape(B, T, nh * hd), layer["o"], layer["o_bias"])
+            h = self._norm(x, layer["post_norm"])
+            gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer["down"])
+        if not need_logits:
+            return None
+        last = x[torch.arange(B), lens - 1]  # only the positions that are sampled from reach the LM head
+        return F.linear(self._norm(last, self._w.final_norm), self._w.lm_head).float()
+
+
+def _decode_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention for one query per row as two batched matmuls (grouped-query heads share a key/value head).
+
+    For a single query, this beats the fused CPU kernel, which is built for long query blocks.
+    Shapes: q (B, n_heads, 1, hd); keys/vals (B, n_kv, L, hd); mask (B, 1, 1, L) additive. Returns q's shape.
+    """
+    B, nh, _, hd = q.shape
+    nkv = keys.shape[1]
+    qg = q.view(B, nkv, nh // nkv, hd)
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * hd**-0.5 + mask.float()
+    probs = torch.softmax(scores, dim=-1).to(vals.dtype)
+    return torch.matmul(probs, vals).view(B, nh, 1, hd)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)

@@ -1,0 +1,48 @@
+"""Token sampling shared by the in-process engines, with the exact behaviour logprob of each draw.
+
+The logprob reported for a sampled token is ``log_softmax(logits / temperature)`` at that token (greedy:
+``log_softmax(logits)``). Top-k / top-p only restrict which tokens can be drawn; they do not renormalise
+the reported logprob, because the learner recomputes ``log_softmax(logits / temperature)`` and the PPO
+ratio must compare like with like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from turnrl.engines.base import SamplingParams
+
+
+def sample(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | Sequence[torch.Generator]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return ``(tokens, logprobs)``, each of shape (batch,).
+
+    ``generator`` is one generator for the whole batch, or one per row (so a row's draws do not depend
+    on which other rows share its batch: the native engine schedules rows dynamically).
+    Shape: logits (batch, vocab).
+    """
+    logits = logits.float()
+    if params.greedy:
+        logp = torch.log_softmax(logits, dim=-1)
+        tok = logits.argmax(dim=-1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+    logp = torch.log_softmax(logits / params.temperature, dim=-1)
+    filtered = logp
+    if params.top_k > 0:
+        kth = torch.topk(filtered, min(params.top_k, filtered.shape[-1]), dim=-1).values[:, -1:]
+        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_lp, order = torch.sort(filtered, descending=True, dim=-1)
+        cum = sorted_lp.exp().cumsum(-1)
+        drop_sorted = (cum - sorted_lp.exp()) >= params.top_p  # keep the smallest set reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        filtered = filtered.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(filtered, dim=-1)
+    if isinstance(generator, torch.Generator):
+        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    else:
+        tok = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generator)])
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
