@@ -1,0 +1,227 @@
+"""OpenAICompatEngine against a local stub server: both endpoints, id mapping, retries, errors, order, rollouts."""
+
+import math
+import time
+
+import pytest
+
+from tests.stub_openai_server import StubOpenAIServer
+from turnrl.engines import Engine, SamplingParams
+from turnrl.engines.openai_compat import NoLogprobsError, NotTrainableError, OpenAICompatEngine, RemoteEngineError, chatml_messages
+from turnrl.envs import make
+from turnrl.rollout import Collector, ContextSpec
+from turnrl.types import Termination
+
+GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
+
+
+def _messages(q):
+    return [{"role": "system", "content": "Answer with one word."}, {"role": "user", "content": q}]
+
+
+def _prompt(tokenizer, q):
+    text = tokenizer.apply_chat_template(_messages(q), add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _last_user(prompt_text):
+    return prompt_text.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+
+
+def _engine(server, tokenizer, **kw):
+    kw.setdefault("backoff", 0.01)
+    return OpenAICompatEngine(server.url, server.model, tokenizer, **kw)
+
+
+def _ids(tokenizer, text):
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_completions_sends_exact_ids_and_maps_token_ids_back(tokenizer):
+    with StubOpenAIServer(tokenizer, reply=lambda p: "Left and then Down") as server:
+        engine = _engine(server, tokenizer, seed=7)
+        assert isinstance(engine, Engine)
+        prompts = [_prompt(tokenizer, "which way?"), _prompt(tokenizer, "and now?")]
+        outs = engine.generate(prompts, GREEDY)
+        want = _ids(tokenizer, "Left and then Down")
+        for o in outs:
+            assert o.token_ids == want and o.stats["ids"] == "server"
+            assert o.logprobs == pytest.approx([-0.01 * (j + 1) for j in range(len(want))])
+            assert o.finish_reason == "stop" and o.version == 0
+        assert sorted(map(tuple, (r["prompt"] for r in server.requests))) == sorted(map(tuple, prompts))
+        assert all(r["return_tokens_as_token_ids"] and r["logprobs"] == 1 and r["temperature"] == 0.0 for r in server.requests)
+        seeds = [r["seed"] for r in server.requests]
+        # per-request seeds are drawn from the engine's seeded stream, in input order
+        again = _engine(server, tokenizer, seed=7)
+        again.generate(prompts, GREEDY)
+        assert sorted(r["seed"] for r in server.requests[2:]) == sorted(seeds)
+
+
+def test_length_limit_is_reported(tokenizer):
+    with StubOpenAIServer(tokenizer, reply=lambda p: "one two three four five six") as server:
+        out = _engine(server, tokenizer).generate([_prompt(tokenizer, "count")], SamplingParams(max_new_tokens=3, temperature=0.0))[0]
+        assert len(out.token_ids) == 3 and out.finish_reason == "length"
+
+
+def test_text_prompts_are_the_decoded_ids(tokenizer):
+    with StubOpenAIServer(tokenizer, reply=lambda p: "Up") as server:
+        prompt = _prompt(tokenizer, "go")
+        out = _engine(server, tokenizer, prompt_format="text").generate([prompt], GREEDY)[0]
+        assert server.requests[0]["prompt"] == tokenizer.decode(prompt, skip_special_tokens=False)
+        assert out.token_ids == _ids(tokenizer, "Up")
+
+
+@pytest.mark.parametrize("vllm_extensions", [True, False])
+def test_chat_endpoint_recovers_messages_and_ids(tokenizer, vllm_extensions):
+    with StubOpenAIServer(tokenizer, reply=lambda p: "Right, then Down") as server:
+        engine = _engine(server, tokenizer, endpoint="chat", vllm_extensions=vllm_extensions)
+        out = engine.generate([_prompt(tokenizer, "which way?")], GREEDY)[0]
+        body = server.requests[0]
+        assert body["messages"] == _messages("which way?") and body["logprobs"] is True
+        assert out.token_ids == _ids(tokenizer, "Right, then Down")
+        # without vLLM's token-id strings the ids come from the vocabulary lookup of each piece's bytes
+        assert out.stats["ids"] == ("server" if vllm_extensions else "lookup")
+        assert ("return_tokens_as_token_ids" in body) == vllm_extensions
+        assert out.logprobs == pytest.approx([-0.01 * (j + 1) for j in range(len(out.token_ids))])
+
+
+def test_chatml_parser_rejects_what_a_chat_endpoint_cannot_continue():
+    assert chatml_messages("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n") == [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValueError, match="unfinished 'assistant'"):
+        chatml_messages("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhalf a")
+    with pytest.raises(ValueError, match="not ChatML"):
+        chatml_messages("[INST] hi [/INST]")
+
+
+def test_stop_strings_and_stop_token_ids(tokenizer):
+    reply = "Left. Then Down."
+    with StubOpenAIServer(tokenizer, reply=lambda p: reply) as server:
+        engine = _engine(server, tokenizer)
+        out = engine.generate([_prompt(tokenizer, "go")], SamplingParams(max_new_tokens=8, temperature=0.0, stop_strings=(".",)))[0]
+        assert server.requests[0]["stop"] == ["."] and server.requests[0]["include_stop_str_in_output"] is True
+        assert tokenizer.decode(out.token_ids) == "Left." and out.finish_reason == "stop"
+        # a server that ignores stop_token_ids: the engine cuts after the first one itself
+        dot = _ids(tokenizer, reply)[1]
+        plain = _engine(server, tokenizer, vllm_extensions=False)
+        out = plain.generate([_prompt(tokenizer, "go")], SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=(dot,)))[0]
+        assert "stop_token_ids" not in server.requests[-1]
+        assert out.token_ids == _ids(tokenizer, reply)[:2] and len(out.logprobs) == 2 and out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("failures", [[503, 503], [429, 500]])
+def test_retryable_errors_back_off_then_succeed(tokenizer, failures):
+    with StubOpenAIServer(tokenizer) as server:
+        server.script.extend(failures)
+        engine = _engine(server, tokenizer, backoff=0.05, max_backoff=1.0, max_retries=3)
+        slept = []
+        engine._sleep = lambda s: (slept.append(s), time.sleep(s))
+        out = engine.generate([_prompt(tokenizer, "go")], GREEDY)[0]
+        assert out.token_ids == _ids(tokenizer, "Right") and out.stats["attempts"] == 3
+        assert len(server.requests) == 3 and len(slept) == 2
+        # equal jitter: attempt k waits in [backoff * 2^k / 2, backoff * 2^k]
+        assert 0.025 <= slept[0] <= 0.05 and 0.05 <= slept[1] <= 0.1
+        gaps = [b - a for a, b in zip(server.request_times, server.request_times[1:])]
+        assert all(g >= s * 0.9 for g, s in zip(gaps, slept))
+
+
+def test_timeouts_end_with_a_clear_error_after_the_retries(tokenizer):
+    with StubOpenAIServer(tokenizer) as server:
+        server.script.extend([("slow", 1.0)] * 3)
+        engine = _engine(server, tokenizer, timeout=0.2, max_retries=2)
+        with pytest.raises(RemoteEngineError, match=r"failed after 3 attempts \(last: timed out.*raise timeout="):
+            engine.generate([_prompt(tokenizer, "go")], GREEDY)
+        assert len(server.requests) == 3
+
+
+def test_unreachable_server_is_retried_then_named(tokenizer):
+    engine = OpenAICompatEngine("http://127.0.0.1:9", "m", tokenizer, max_retries=1, backoff=0.01, timeout=1.0)
+    with pytest.raises(RemoteEngineError, match="failed after 2 attempts.*Check that the server is up"):
+        engine.generate([[1, 2, 3]], GREEDY)
+
+
+def test_missing_logprobs_is_an_error_unless_evaluation_only(tokenizer):
+    with StubOpenAIServer(tokenizer, reply=lambda p: "Down") as server:
+        server.script.append("no_logprobs")
+        with pytest.raises(NoLogprobsError, match="returned no per-token logprobs.*require_logprobs=False"):
+            _engine(server, tokenizer).generate([_prompt(tokenizer, "go")], GREEDY)
+        assert len(server.requests) == 1  # a 200 without logprobs is not retried
+        server.script.append("no_logprobs")
+        out = _engine(server, tokenizer, require_logprobs=False).generate([_prompt(tokenizer, "go")], GREEDY)[0]
+        assert out.token_ids == _ids(tokenizer, "Down") and out.stats["ids"] == "retokenized"
+        assert all(math.isnan(x) for x in out.logprobs) and len(out.logprobs) == len(out.token_ids)
+
+
+def test_client_errors_are_not_retried_and_name_the_fix(tokenizer):
+    with StubOpenAIServer(tokenizer) as server:
+        server.api_key = "right-key"
+        with pytest.raises(RemoteEngineError, match="rejected the API key.*OPENAI_API_KEY"):
+            _engine(server, tokenizer, api_key="wrong-key").generate([_prompt(tokenizer, "go")], GREEDY)
+        assert len(server.requests) == 1
+        engine = OpenAICompatEngine(server.url, "no-such-model", tokenizer, api_key="right-key", backoff=0.01)
+        with pytest.raises(RemoteEngineError, match="HTTP 404 for model 'no-such-model'.*serves: stub-model"):
+            engine.generate([_prompt(tokenizer, "go")], GREEDY)
+        assert len(server.requests) == 2
+        server.script.append(400)
+        with pytest.raises(RemoteEngineError, match=r"HTTP 400: scripted HTTP 400\); it is not retried"):
+            _engine(server, tokenizer, api_key="right-key").generate([_prompt(tokenizer, "go")], GREEDY)
+        assert len(server.requests) == 3
+
+
+def test_batch_runs_concurrently_and_keeps_input_order(tokenizer):
+    words = ["Left", "Down", "Right", "Up", "Left Left", "Down Down"]
+    with StubOpenAIServer(tokenizer, reply=lambda p: "say " + _last_user(p)) as server:
+        # earlier prompts answer later, so completion order is the reverse of input order
+        server.delay = lambda body: 0.05 * (len(words) - words.index(_last_user(tokenizer.decode(body["prompt"]))))
+        engine = _engine(server, tokenizer, concurrency=len(words))
+        t0 = time.perf_counter()
+        outs = engine.generate([_prompt(tokenizer, w) for w in words], GREEDY)
+        wall = time.perf_counter() - t0
+        assert [tokenizer.decode(o.token_ids) for o in outs] == ["say " + w for w in words]
+        assert wall < 0.05 * sum(range(1, len(words) + 1))  # overlapped, not one after another
+
+
+def test_remote_weights_cannot_be_synced(tokenizer):
+    engine = OpenAICompatEngine("http://127.0.0.1:9/v1", "m", tokenizer)
+    with pytest.raises(NotTrainableError, match="cannot update them.*HFEngine"):
+        engine.sync_weights()
+    assert engine.version == 0 and engine.trainable is False
+    state = engine.state_dict()
+    a = [engine.rng.random() for _ in range(3)]
+    engine.load_state_dict(state)
+    assert [engine.rng.random() for _ in range(3)] == a
+
+
+def _frozenlake_oracle(prompt_text):
+    """Shortest safe path's first move, read from the grid in the last user message."""
+    grid = _last_user(prompt_text).split("\n")[:-1]
+    cells = {(r, c): ch for r, row in enumerate(grid) for c, ch in enumerate(row)}
+    start = next(pos for pos, ch in cells.items() if ch == "P")
+    moves = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+    frontier, first = [start], {start: None}
+    while frontier:
+        nxt = []
+        for pos in frontier:
+            if cells[pos] == "G":
+                return first[pos]
+            for name, (dr, dc) in moves.items():
+                q = (pos[0] + dr, pos[1] + dc)
+                if cells.get(q, "H") != "H" and q not in first:
+                    first[q] = first[pos] or name
+                    nxt.append(q)
+        frontier = nxt
+    return "Left"
+
+
+def test_collector_runs_frozenlake_episodes_through_the_server(tokenizer):
+    with StubOpenAIServer(tokenizer, reply=_frozenlake_oracle) as server:
+        engine = _engine(server, tokenizer, concurrency=4)
+        col = Collector(engine, tokenizer, lambda: make("frozenlake-v0", max_turns=12), ContextSpec())
+        groups = col.collect([3, 4, 5], group_size=2, sampling=SamplingParams(max_new_tokens=6, temperature=1.0), env_id="frozenlake-v0")
+        trajs = [t for g in groups for t in g.trajectories]
+        assert len(trajs) == 6 and all(t.success and t.termination == Termination.TERMINATED for t in trajs)
+        for t in trajs:
+            for turn in t.turns:
+                assert turn.response_ids == _ids(tokenizer, turn.response_text) and turn.valid
+                assert turn.logprobs == pytest.approx([-0.01 * (j + 1) for j in range(len(turn.response_ids))])
+        sent = {tuple(r["prompt"]) for r in server.requests}
+        assert all(tuple(turn.prompt_ids) in sent for t in trajs for turn in t.turns)  # the server saw the exact ids
