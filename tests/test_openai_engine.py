@@ -225,3 +225,18 @@ def test_collector_runs_frozenlake_episodes_through_the_server(tokenizer):
                 assert turn.logprobs == pytest.approx([-0.01 * (j + 1) for j in range(len(turn.response_ids))])
         sent = {tuple(r["prompt"]) for r in server.requests}
         assert all(tuple(turn.prompt_ids) in sent for t in trajs for turn in t.turns)  # the server saw the exact ids
+
+
+def test_turnrl_eval_scores_a_served_model(tokenizer, capsys):
+    from turnrl.cli import main
+
+    with StubOpenAIServer(tokenizer, reply=_frozenlake_oracle) as server:
+        code = main(["eval", "--engine", "openai", "--base-url", server.url, "--api-model", server.model,
+                     "eval.num_tasks=4", "env.max_turns=12"])
+        assert code == 0
+        assert "frozenlake-v0: success 1.000" in capsys.readouterr().out
+        assert len(server.requests) >= 4 and all(r["temperature"] == 0.0 for r in server.requests)  # greedy evaluation
+        assert main(["eval", "--engine", "openai", "--base-url", server.url, "--api-model", "gpt-x", "eval.num_tasks=1"]) == 2
+        assert "HTTP 404 for model 'gpt-x'" in capsys.readouterr().err
+    assert main(["eval", "--engine", "openai", "--base-url", "http://127.0.0.1:9/v1"]) == 2
+    assert "--engine openai needs --base-url" in capsys.readouterr().err

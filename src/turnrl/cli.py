@@ -60,7 +60,7 @@ def cmd_eval(args) -> int:
             ckpt = latest_checkpoint(ckpt)
         model_dir = ckpt / "model" if (ckpt / "model").exists() else ckpt
         cfg.model.path = str(model_dir)
-    c = build(cfg)
+    c = build(cfg) if args.engine == "hf" else _external_engine_components(cfg, args)
     m = evaluate(c)
     rate, lo, hi = m["eval/success_rate"], m["eval/success_ci_low"], m["eval/success_ci_high"]
     print(f"{cfg.env.id}: success {rate:.3f} (95% CI {lo:.3f}-{hi:.3f}) over {int(m['eval/num_tasks'])} held-out tasks; "
@@ -68,6 +68,49 @@ def cmd_eval(args) -> int:
     if args.json:
         print(json.dumps(m))
     return 0
+
+
+def _external_engine_components(cfg, args):
+    """Env, tokenizer, collector and a vLLM or OpenAI-compatible engine: what evaluation needs, no learner.
+
+    The tokenizer comes from ``model.path`` and must be the served model's (``docs/engines.md``).
+    """
+    import os
+
+    from turnrl.config import ConfigError
+    from turnrl.envs import make
+    from turnrl.models import load_tokenizer
+    from turnrl.rollout import Collector, ContextSpec
+    from turnrl.train import Components
+
+    env_kwargs = dict(cfg.env.kwargs, max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty,
+                      progress_reward=cfg.env.progress_reward)  # as turnrl.train.build
+    try:
+        make(cfg.env.id, **env_kwargs).close()
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"env.id={cfg.env.id!r} with env.kwargs={cfg.env.kwargs}: {e}") from None
+    tokenizer = load_tokenizer(cfg.model.path)
+    if args.engine == "openai":
+        from turnrl.engines import OpenAICompatEngine
+
+        if not args.base_url or not args.api_model:
+            raise ConfigError("--engine openai needs --base-url (e.g. http://localhost:8000/v1) and --api-model "
+                              "(the id the server serves, see GET /v1/models)")
+        if args.checkpoint:
+            raise ConfigError("--checkpoint cannot be sent to a remote server; serve the checkpoint there and pass --api-model")
+        engine = OpenAICompatEngine(args.base_url, args.api_model, tokenizer, endpoint=args.api_endpoint,
+                                    api_key=os.environ.get(args.api_key_env), vllm_extensions=not args.api_plain,
+                                    require_logprobs=False, seed=cfg.train.seed)
+    else:
+        from turnrl.engines import VLLMEngine
+
+        try:
+            engine = VLLMEngine(cfg.model.path, seed=cfg.train.seed)
+        except ImportError as e:
+            raise ConfigError(str(e)) from None
+    ctx = ContextSpec(cfg.rollout.context, cfg.rollout.history_turns, cfg.rollout.few_shot, cfg.rollout.max_context_tokens)
+    collector = Collector(engine, tokenizer, lambda: make(cfg.env.id, **env_kwargs), ctx)
+    return Components(cfg, None, tokenizer, engine, collector, None)
 
 
 def cmd_play(args) -> int:
@@ -122,6 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     _add_config_args(p)
     p.add_argument("--checkpoint", help="a checkpoint directory or a run directory (its latest checkpoint)")
     p.add_argument("--json", action="store_true", help="also print every eval metric as JSON")
+    p.add_argument("--engine", choices=["hf", "vllm", "openai"], default="hf",
+                   help="hf: in process (default); vllm: turnrl[vllm] on a GPU; openai: a remote OpenAI-compatible server "
+                        "(docs/engines.md)")
+    p.add_argument("--base-url", help="openai: server URL, e.g. http://localhost:8000/v1")
+    p.add_argument("--api-model", help="openai: the served model id")
+    p.add_argument("--api-endpoint", choices=["completions", "chat"], default="completions",
+                   help="openai: /v1/completions with exact prompt ids (default) or /v1/chat/completions with messages")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="openai: environment variable holding the API key")
+    p.add_argument("--api-plain", action="store_true",
+                   help="openai: send only standard OpenAI fields (no vLLM extensions such as token-id outputs)")
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("play", help="play an env yourself in the terminal")
@@ -146,11 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         print(config_help())
         return 0
     from turnrl.config import ConfigError
+    from turnrl.engines.openai_compat import RemoteEngineError
     from turnrl.models import ModelNotFoundError
 
     try:
         return args.fn(args)
-    except (ConfigError, ModelNotFoundError, FileNotFoundError, FileExistsError) as e:
+    except (ConfigError, ModelNotFoundError, FileNotFoundError, FileExistsError, RemoteEngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
