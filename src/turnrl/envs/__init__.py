@@ -1,7 +1,8 @@
 """Environments: the contract (``base``), registry (``make``/``register``), ``wrappers``, ``check_env``, built-ins.
 
 Built-in ids (``turnrl envs`` lists them): ``frozenlake-v0`` and ``sokoban-v0``. Their modules are imported
-on the first ``make``.
+on the first ``make``. Adapter ids (``openenv-v0``, ``textarena-v0``, ``reasoning-gym-v0``, ``gym-*-v0``) wrap
+other standards' envs; see :mod:`turnrl.envs.adapters`.
 """
 
 from turnrl.envs import wrappers
@@ -21,6 +22,57 @@ register(
     "turnrl.envs.sokoban:Sokoban",
     description="Sokoban; a seeded 6x6 room with one box per seed, solvable in 4-10 moves (size, boxes, length configurable)",
     max_turns=20,
+)
+
+# Adapters to other environment standards (src/turnrl/envs/adapters/). Each needs an optional package,
+# imported on the first make(); without it make() says: pip install 'turnrl[envs]'.
+register(
+    "openenv-v0",
+    "turnrl.envs.adapters.openenv:OpenEnvRemote",
+    description="any OpenEnv server (url=...) over its WebSocket sessions; serve turnrl envs: python -m turnrl.envs.adapters.openenv ID",
+)
+register(
+    "textarena-v0",
+    "turnrl.envs.adapters.textarena:TextArena",
+    description="a TextArena single-player game (game=GuessTheNumber-v0, TowerOfHanoi-v0, Minesweeper-v0-small, ...)",
+    game="GuessTheNumber-v0",
+    max_turns=32,
+)
+register(
+    "reasoning-gym-v0",
+    "turnrl.envs.adapters.reasoning_gym:ReasoningGym",
+    description="a reasoning-gym dataset (dataset=basic_arithmetic, ...), scored by its score_answer; attempts=k for retries",
+    dataset="basic_arithmetic",
+    max_turns=4,
+)
+register(
+    "gym-frozenlake-v0",
+    "turnrl.envs.adapters.gymnasium:GymToyText",
+    description="Gymnasium's FrozenLake-v1 as text, not slippery by default (is_slippery, map_name, random_map=N)",
+    game="frozenlake",
+    is_slippery=False,
+    max_turns=16,
+)
+register(
+    "gym-taxi-v0",
+    "turnrl.envs.adapters.gymnasium:GymToyText",
+    description="Gymnasium's Taxi-v4 as text: pick up and drop off the passenger (is_rainy, fickle_passenger)",
+    game="taxi",
+    max_turns=40,
+)
+register(
+    "gym-cliffwalking-v0",
+    "turnrl.envs.adapters.gymnasium:GymToyText",
+    description="Gymnasium's CliffWalking-v1 as text: walk to the goal around the cliff (-1 a move, -100 the cliff)",
+    game="cliffwalking",
+    max_turns=30,
+)
+register(
+    "gym-blackjack-v0",
+    "turnrl.envs.adapters.gymnasium:GymToyText",
+    description="Gymnasium's Blackjack-v1 as text: hit or stick against the dealer (natural, sab)",
+    game="blackjack",
+    max_turns=8,
 )
 
 __all__ = [
