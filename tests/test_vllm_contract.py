@@ -21,6 +21,7 @@ import torch
 
 from turnrl.engines import Engine, HFEngine, SamplingParams
 from turnrl.engines.vllm_engine import VLLMEngine
+from turnrl.prefix import forward
 
 
 # ---- the fake vllm module ---------------------------------------------------------------------------
@@ -133,8 +134,10 @@ class FakeLLM:
         ids, steps = [], []
         finish, reason = "length", None
         stops = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop or [])
+        past, step_input = None, torch.tensor([prompt])
         for _ in range(sp.max_tokens):
-            logits = self.model.hf(torch.tensor([prompt + ids]), logits_to_keep=1).logits[0, -1].float()
+            out, past = forward(self.model.hf, past, input_ids=step_input, use_cache=True, logits_to_keep=1)
+            logits = out.logits[0, -1].float()
             greedy = sp.temperature < 1e-5
             logits = logits / (1.0 if greedy else sp.temperature)  # vLLM divides greedy rows by 1
             if sp.top_k > 0:
@@ -147,6 +150,7 @@ class FakeLLM:
             step[tok] = Logprob(float(logp[tok]), int((logp > logp[tok]).sum()) + 1)
             ids.append(tok)
             steps.append(step)
+            step_input = torch.tensor([[tok]])
             if tok == self.tokenizer.eos_token_id:
                 finish = "stop"
                 break
@@ -340,3 +344,25 @@ def test_missing_vllm_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(ImportError, match=r"pip install 'turnrl\[vllm\]'"):
         VLLMEngine("default")
+
+
+def test_gpu_check_script_runs_end_to_end_on_the_fake(fake_vllm, tokenizer, model, tmp_path, capsys):
+    """bench/gpu_check.py's own logic (prompts, comparisons, sync check, table) with vLLM faked as above."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parents[1] / "bench" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    code = gpu_check.main(["--model", str(tmp_path / "m"), "--prompts", "3", "--max-new-tokens", "3", "--throughput-prompts", "4",
+                           "--hf-throughput-prompts", "2", "--throughput-tokens", "2", "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = {r["check"]: r for r in json.loads((tmp_path / "r.json").read_text())}
+    assert rows["greedy ids identical (share of prompts)"]["value"] == 1.0
+    assert rows["sampled (T=0.7) logprob vs learner recompute"]["value"] < 1e-4
+    assert rows["after sync: greedy ids identical"]["pass"] and rows["vLLM generated tokens/s"]["value"] > 0
+    assert "FAIL" not in out
