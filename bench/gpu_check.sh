@@ -17,6 +17,10 @@ cd "$(dirname "$0")/.."
 VENV=${TURNRL_GPU_VENV:-.venv-gpu}
 PY=${PYTHON:-python3}
 
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then   # needs neither a GPU nor vLLM
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+  exec "$PY" bench/gpu_check.py --help
+fi
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   echo "error: no NVIDIA GPU visible (nvidia-smi -L failed); vLLM needs one" >&2
   exit 2
