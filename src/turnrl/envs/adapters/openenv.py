@@ -182,6 +182,14 @@ class OpenEnvServer:
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
+    @classmethod
+    def for_app(cls, app: Any, host: str = "127.0.0.1", port: int = 0) -> "OpenEnvServer":
+        """Run any ASGI app (e.g. one from OpenEnv's own ``create_fastapi_app``) the same way."""
+        server = cls.__new__(cls)
+        server.app, server.host, server.port = app, host, port
+        server._server, server._thread = None, None
+        return server
+
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
