@@ -193,3 +193,74 @@ def test_without_root_it_refuses_instead_of_running_unprotected(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(SandboxUnavailable, match="needs root"):
         run_python("print(1)")
+
+
+# ---- the env that uses the sandbox: hostile submissions become error observations; the loop goes on --------
+
+HOSTILE = [
+    ("```python\nwhile True:\n    pass\n```", "CPU time limit"),
+    ("```python\nprint(open('/etc/passwd').read())\n```", "FileNotFoundError"),
+    ("```python\nimport socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)\n```", "Network is unreachable"),
+    ("```python\nimport os\nwhile True:\n    os.fork()\n```", "Error:"),
+    ("```python\nx = bytearray(10 * 1024 ** 3)\n```", "MemoryError"),
+]
+
+
+def test_code_env_answers_hostile_code_with_an_error_observation_and_continues():
+    from turnrl.envs import make
+
+    env = make("code-v0", cpu_seconds=1, wall_seconds=2.0, max_turns=len(HOSTILE) + 1)
+    env.reset(seed=4)
+    for code, needle in HOSTILE:
+        obs, reward, terminated, truncated, info = env.step(code)
+        assert needle in obs and "passed 0/8 tests" in obs and "Fix the function" in obs
+        assert info["valid"] and reward == 0.0 and not terminated and not truncated
+    obs, reward, terminated, _, info = env.step(env.solve()[0])  # the episode is still alive and can be solved
+    assert terminated and info["success"] and reward == 1.0 and "All tests passed." in obs
+    assert _sandbox_processes() == []
+
+
+class _ScriptedEngine:
+    """An engine that answers every prompt with the next hostile program (token ids of its text)."""
+
+    version = 0
+
+    def __init__(self, tokenizer, texts):
+        self.tokenizer, self.texts, self.calls = tokenizer, texts, 0
+
+    def generate(self, prompts, params):
+        from turnrl.engines.base import Completion
+
+        out = []
+        for _ in prompts:
+            ids = self.tokenizer.encode(self.texts[self.calls % len(self.texts)], add_special_tokens=False)
+            self.calls += 1
+            out.append(Completion(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"))
+        return out
+
+    def sync_weights(self):
+        self.version += 1
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def test_a_training_style_collection_over_hostile_code_keeps_every_episode(tokenizer):
+    from turnrl.engines.base import SamplingParams
+    from turnrl.envs import make
+    from turnrl.rollout import Collector
+    from turnrl.types import Termination
+
+    engine = _ScriptedEngine(tokenizer, [code for code, _ in HOSTILE[1:]] + [HOSTILE[0][0]])
+    collector = Collector(engine, tokenizer, lambda: make("code-v0", cpu_seconds=1, wall_seconds=2.0, max_turns=2))
+    start = time.monotonic()
+    groups = collector.collect([5, 6], group_size=2, sampling=SamplingParams(max_new_tokens=64))
+    trajectories = [t for g in groups for t in g.trajectories]
+    assert len(trajectories) == 4 and time.monotonic() - start < 20
+    for t in trajectories:
+        assert t.termination == Termination.TRUNCATED_TURNS and t.error is None and len(t.turns) == 2
+        assert "Error:" in t.turns[1].observation and t.total_reward == 0.0  # the model saw why its code failed
+    assert _sandbox_processes() == []
