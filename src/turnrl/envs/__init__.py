@@ -74,6 +74,12 @@ register(
     game="blackjack",
     max_turns=8,
 )
+register(
+    "code-v0",
+    "turnrl.envs.code:CodeEnv",
+    description="write a Python function (24 seeded templates); hidden tests run in the sandbox; retry after failures",
+    max_turns=3,
+)
 
 __all__ = [
     "Env", "EnvCheckError", "EpisodeStatistics", "InvalidActionPenalty", "OracleProgress", "TurnLimit",
