@@ -102,8 +102,10 @@ def test_smoke_run_on_frozenlake(tmp_path, tokenizer):
     assert rows[-1]["rollout/valid_action_rate"] >= 0.0 and "train/loss" in rows[-1]
 
 
-def test_resume_continues_bit_identically(tmp_path, tokenizer):
-    common = ["train.steps=4", "log.checkpoint_every=2", "log.keep_checkpoints=5", "eval.every=0", "eval.at_start=false"]
+@pytest.mark.parametrize("engine", ["hf", "native"])
+def test_resume_continues_bit_identically(tmp_path, tokenizer, engine):
+    common = ["train.steps=4", "log.checkpoint_every=2", "log.keep_checkpoints=5", "eval.every=0", "eval.at_start=false",
+              f"rollout.engine={engine}"]
     full_dir, full = _run(tmp_path, tokenizer, common, "full")
     # interrupted run: stop after 2 steps (checkpoint at 2), then resume to 4 in a fresh process state
     _run(tmp_path, tokenizer, common, "split", steps=2)

@@ -41,6 +41,11 @@ class EnvConfig(_Section):
 
 
 class RolloutConfig(_Section):
+    engine: Literal["hf", "native"] = Field(
+        "hf",
+        description="'hf': the reference engine (any HF causal LM); 'native': KV caches kept across turns and "
+        "continuous batching (Llama/Mistral/Qwen2 models; bf16 when model.autocast_bf16)",
+    )
     tasks_per_step: int = Field(4, ge=1, description="distinct tasks (seeds) per training step")
     group_size: int = Field(8, ge=1, description="episodes per task (GRPO group size)")
     context: Literal["per_step", "full"] = Field(

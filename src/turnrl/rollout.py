@@ -42,6 +42,7 @@ class _Episode:
     observation: str
     conversation: list[int] = field(default_factory=list)  # full strategy: every id so far
     pending: list[int] = field(default_factory=list)  # full strategy: ids appended since the last response
+    index: int = 0  # position within its group
 
 
 @dataclass
@@ -86,7 +87,7 @@ class Collector:
                 traj.termination, traj.error = Termination.ENV_ERROR, f"reset failed: {type(res).__name__}: {res}"
                 env.close()
                 continue
-            ep = _Episode(env=env, traj=traj, observation=res[0])
+            ep = _Episode(env=env, traj=traj, observation=res[0], index=len(groups[g].trajectories) - 1)
             if self.context.strategy == "full":
                 ep.pending = self.renderer(env).full_initial_prompt(ep.observation)
             episodes.append(ep)
@@ -144,7 +145,7 @@ class Collector:
         prompt (the whole conversation under ``full``; the shared head under ``per_step``).
         """
         engine = self.engine
-        seq = engine.open()
+        seq = engine.open(sample_key=(ep.traj.seed, ep.index))
         try:
             while True:
                 ids = self._prompt(ep)

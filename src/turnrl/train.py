@@ -35,7 +35,7 @@ from turnrl import checkpoint, credit
 from turnrl.config import Config, ConfigError
 from turnrl.credit.filters import apply_group_mask, keep_informative_groups, mask_overlong
 from turnrl.credit.rewards import apply_process_rewards, clip_rewards, load_prm
-from turnrl.engines import HFEngine, SamplingParams
+from turnrl.engines import Engine, HFEngine, SamplingParams
 from turnrl.envs import make
 from turnrl.learner import Learner, build_samples
 from turnrl.models import frozen_copy, load_model, load_tokenizer
@@ -52,7 +52,7 @@ class Components:
     cfg: Config
     model: object
     tokenizer: object
-    engine: HFEngine
+    engine: Engine
     collector: Collector
     learner: Learner
 
@@ -78,11 +78,30 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
     if model is None:
         model = load_model(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
     ref = frozen_copy(model) if cfg.model.reference else None
-    engine = HFEngine(model, tokenizer, autocast_bf16=cfg.model.autocast_bf16, seed=cfg.train.seed)
+    engine = make_engine(cfg, model, tokenizer)
     ctx = ContextSpec(cfg.rollout.context, cfg.rollout.history_turns, cfg.rollout.few_shot, cfg.rollout.max_context_tokens)
     collector = Collector(engine, tokenizer, lambda: make(cfg.env.id, **env_kwargs), ctx)
     learner = Learner(model, cfg, pad_id=tokenizer.pad_token_id, ref_model=ref)
     return Components(cfg, model, tokenizer, engine, collector, learner)
+
+
+def make_engine(cfg: Config, model, tokenizer):
+    """The rollout engine ``rollout.engine`` names, sampling from ``model`` (the learner's module)."""
+    if cfg.rollout.engine == "native":
+        from turnrl.engines.native import NativeEngine, UnsupportedModelError
+
+        try:
+            return NativeEngine(
+                model,
+                tokenizer,
+                dtype="bf16" if cfg.model.autocast_bf16 else "fp32",
+                max_slots=max(cfg.rollout.tasks_per_step * cfg.rollout.group_size, cfg.eval.num_tasks),
+                max_len=cfg.rollout.max_context_tokens,
+                seed=cfg.train.seed,
+            )
+        except UnsupportedModelError as e:
+            raise ConfigError(f"rollout.engine=native: {e}") from None
+    return HFEngine(model, tokenizer, autocast_bf16=cfg.model.autocast_bf16, seed=cfg.train.seed)
 
 
 def seed_everything(seed: int) -> None:

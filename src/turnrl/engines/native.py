@@ -29,6 +29,7 @@ weight version that produced it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import time
 from collections import OrderedDict
@@ -40,7 +41,7 @@ import torch.nn.functional as F
 
 from turnrl.engines.base import Completion, SamplingParams
 from turnrl.engines.sampling import sample
-from turnrl.prefix import common_prefix_len
+from turnrl.prefix import bucket_rows, common_prefix_len
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 
@@ -150,9 +151,11 @@ class NativeEngine:
         }
         self._load_weights()
         self._rope_tables()
-        shape = (max_slots, self.n_kv, max_len + 1, self.head_dim)  # +1: a scratch column for padded writes
-        self._k = [torch.zeros(shape, dtype=self.dtype) for _ in self._w.layers]
-        self._v = [torch.zeros(shape, dtype=self.dtype) for _ in self._w.layers]
+        self._cap = 0  # columns per slot in use (the cache grows to the longest sequence, up to max_len)
+        self._k: list[torch.Tensor] = []
+        self._v: list[torch.Tensor] = []
+        self._initial_cap = min(256, max_len)
+        self._ensure_capacity(self._initial_cap)
 
     # ---- protocol ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
@@ -179,25 +182,53 @@ class NativeEngine:
         return {"version": self.version, "opened": self._opened, "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the version and sampling state, and re-read the module's weights (a checkpoint just loaded them)."""
+        self._load_weights()
+        self._prefix = None
+        for s in self._seqs.values():
+            s.tokens = []
         self.version = int(state["version"])
         self._opened = int(state.get("opened", 0))
         self.seed = int(state.get("seed", self.seed))
 
     # ---- sessions -----------------------------------------------------------------------------
-    def open(self) -> int:
-        """Open a sequence; returns its key. Its generator is seeded by (engine seed, opening order)."""
-        key = self._opened
+    def open(self, sample_key: tuple[int, ...] | None = None) -> int:
+        """Open a sequence; returns its handle.
+
+        Its generator is seeded from the engine seed, the weight version and ``sample_key`` (the collector
+        passes (task seed, episode index)), so what an episode samples depends on nothing else: not on which
+        episodes share its batches, nor on how many sequences evaluation opened before. Without a key, the
+        opening order stands in for it.
+        """
+        handle = self._opened
         self._opened += 1
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + key)
-        self._seqs[key] = _Seq(key, g)
-        return key
+        key = sample_key if sample_key is not None else ("order", handle)
+        digest = hashlib.blake2b(repr((self.seed, self.version, key)).encode(), digest_size=8).digest()
+        g = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+        self._seqs[handle] = _Seq(handle, g)
+        return handle
 
     def close(self, key: int) -> None:
         """Free a sequence and its slot. Closing an unknown or closed key does nothing."""
         seq = self._seqs.pop(key, None)
-        if seq is not None and seq.slot is not None:
-            self._slot_owner[seq.slot] = None
-            seq.slot = None
+        if seq is None or seq.slot is None:
+            return
+        hole, seq.slot = seq.slot, None
+        self._slot_owner[hole] = None
+        if all(o is None for o in self._slot_owner):
+            # Nothing resident: shrink back, so every collection starts from the same cache shape (kernel
+            # shapes, hence floating-point results, then do not depend on earlier runs) and memory is returned.
+            self._k, self._v, self._cap = [], [], 0
+            self._ensure_capacity(self._initial_cap)
+            return
+        last = max((i for i, o in enumerate(self._slot_owner) if o is not None), default=-1)
+        if last > hole:  # keep occupied slots contiguous from 0: decode then reads the cache without a gather
+            moved = self._slot_owner[last]
+            n = len(moved.tokens)
+            for K, V in zip(self._k, self._v):
+                K[hole, :, :n] = K[last, :, :n]
+                V[hole, :, :n] = V[last, :, :n]
+            self._slot_owner[hole], self._slot_owner[last], moved.slot = moved, None, hole
 
     async def agenerate(self, key: int, prompt: list[int], params: SamplingParams) -> Completion:
         """Complete ``prompt`` in sequence ``key``, reusing what its cache holds; other requests run meanwhile."""
@@ -315,12 +346,10 @@ class NativeEngine:
         self._sample_rows(reqs, logits)
 
     def _decode(self, reqs: list[_Request]) -> None:
-        feeds = [[r.out[-1]] for r in reqs]
-        starts = [len(r.seq.tokens) for r in reqs]
         self.counters["decode_tokens"] += len(reqs)
-        logits = self._forward([r.seq.slot for r in reqs], feeds, starts)
-        for r, f in zip(reqs, feeds):
-            r.seq.tokens.extend(f)
+        logits = self._decode_step(reqs)
+        for r in reqs:
+            r.seq.tokens.append(r.out[-1])
         self._sample_rows(reqs, logits)
 
     def _sample_rows(self, reqs: list[_Request], logits: torch.Tensor) -> None:
@@ -401,85 +430,116 @@ class NativeEngine:
     @torch.no_grad()
     def _rope_tables(self) -> None:
         m = self.model.model if hasattr(self.model, "model") else self.model
-        pos = torch.arange(self.max_len + 1)[None]
+        pos = torch.arange(self.max_len + 1)[None]  # every column, the scratch one included
         cos, sin = m.rotary_emb(torch.zeros(1, dtype=torch.float32), pos)
         self._cos, self._sin = cos[0], sin[0]  # fp32, (max_len + 1, head_dim)
-
-    def _attend(self, q, keys, vals, mask):
-        if q.shape[2] == 1:
-            return _decode_attention(q, keys, vals, mask)
-        return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm in fp32 (as the reference does), cast to the engine dtype for the matmul that follows."""
         return (weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))).to(self.dtype)
 
+    def _ensure_capacity(self, need: int) -> None:
+        """Grow every slot to hold ``need`` tokens (plus one scratch column that padded rows write to)."""
+        if need <= self._cap:
+            return
+        if need > self.max_len:
+            raise ValueError(f"a sequence needs {need} tokens but the engine's max_len is {self.max_len}; raise max_len")
+        cap = min(self.max_len, max(need, 2 * self._cap, 64))
+        cap = min(self.max_len, -(-cap // 64) * 64)
+        shape = (self.max_slots, self.n_kv, cap + 1, self.head_dim)
+        for cache in (self._k, self._v):
+            for i in range(len(self._w.layers)):
+                new = torch.zeros(shape, dtype=self.dtype)
+                if i < len(cache):
+                    new[:, :, : self._cap] = cache[i][:, :, : self._cap]
+                    cache[i] = new
+                else:
+                    cache.append(new)
+        self._cap = cap
+
     @torch.no_grad()
     def _forward(self, slots: list[int], news: list[list[int]], starts: list[int], need_logits: bool = True) -> torch.Tensor | None:
         """Run ``news[b]`` at positions ``starts[b]...`` of slot ``slots[b]``; write their keys/values there.
 
-        Rows are right-padded to the longest ``news``; a padded position writes its key/value to a column
-        the next real token overwrites (or the scratch column past ``max_len``), and no real query sees it.
-        Returns the logits at each row's last new token. Shape: (rows, vocab).
+        Rows are right-padded (to a multiple of 8 tokens, so kernel shapes repeat); padded positions write
+        to the scratch column and no real query sees them. Returns the logits at each row's last new token.
+        Shape: (rows, vocab).
         """
-        B, T = len(slots), max(len(n) for n in news)
-        ids = torch.zeros((B, T), dtype=torch.long)
+        B = len(slots)
         lens = torch.tensor([len(n) for n in news])
+        T = -(-int(lens.max()) // 8) * 8
+        self._ensure_capacity(max(s + len(n) for s, n in zip(starts, news)))
+        ids = torch.zeros((B, T), dtype=torch.long)
         for b, n in enumerate(news):
             ids[b, : len(n)] = torch.tensor(n)
-        start = torch.tensor(starts)
-        pos = (start[:, None] + torch.arange(T)[None]).clamp_max(self.max_len)  # (B, T)
+        pos = torch.tensor(starts)[:, None] + torch.arange(T)[None]
         valid = torch.arange(T)[None] < lens[:, None]
-        write_pos = torch.where(valid, pos, torch.full_like(pos, self.max_len))  # padding -> scratch column
-        kv_len = int((start + lens).max())
+        pos = torch.where(valid, pos, torch.full_like(pos, self._cap))  # padding -> the scratch column
+        kv_len = min(self._cap + 1, -(-max(s + len(n) for s, n in zip(starts, news)) // 32) * 32)
         slot_idx = torch.tensor(slots)
-        contiguous = slots == list(range(slots[0], slots[0] + B))
-        # Query t of row b sees keys 0 .. start_b + t.
-        allowed = torch.arange(kv_len)[None, None, :] <= pos[:, :, None]
-        mask = torch.zeros((B, 1, T, kv_len), dtype=self.dtype).masked_fill(~allowed[:, None], torch.finfo(self.dtype).min)
-        cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]  # (B, 1, T, hd)
-        nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
-        bi = slot_idx[:, None].expand(B, T)
 
-        x = self._w.embed[ids].float()  # the residual stream stays fp32, as under the learner's autocast. (B, T, H)
-        for layer, K, V in zip(self._w.layers, self._k, self._v):
-            h = self._norm(x, layer["in_norm"])
-            qkv = F.linear(h, layer["qkv"], layer["qkv_bias"])
-            q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-            q = q.view(B, T, nh, hd).transpose(1, 2)
-            k = k.view(B, T, nkv, hd).transpose(1, 2)
-            v = v.view(B, T, nkv, hd).transpose(1, 2)
-            q = (q * cos + _rotate_half(q) * sin).to(self.dtype)
-            k = (k * cos + _rotate_half(k) * sin).to(self.dtype)
-            K[bi, :, write_pos] = k.transpose(1, 2)
-            V[bi, :, write_pos] = v.transpose(1, 2)
-            if contiguous:
-                keys, vals = K[slots[0] : slots[0] + B, :, :kv_len], V[slots[0] : slots[0] + B, :, :kv_len]
-            else:
-                keys, vals = K[slot_idx, :, :kv_len], V[slot_idx, :, :kv_len]
-            att = self._attend(q, keys, vals, mask)
-            x = x + F.linear(att.transpose(1, 2).reshape(B, T, nh * hd), layer["o"], layer["o_bias"])
-            h = self._norm(x, layer["post_norm"])
-            gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer["down"])
+        def keys_values(K, V):
+            return K[slot_idx, :, :kv_len], V[slot_idx, :, :kv_len]
+
+        x = self._layers(ids, pos, slot_idx[:, None].expand(B, T), keys_values, kv_len)
         if not need_logits:
             return None
         last = x[torch.arange(B), lens - 1]  # only the positions that are sampled from reach the LM head
-        return F.linear(self._norm(last, self._w.final_norm), self._w.lm_head).float()
+        return self._logits(last)
 
+    @torch.no_grad()
+    def _decode_step(self, reqs: list[_Request]) -> torch.Tensor:
+        """Feed each request's last sampled token; return the next-token logits. Shape: (len(reqs), vocab).
 
-def _decode_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Attention for one query per row as two batched matmuls (grouped-query heads share a key/value head).
+        Occupied slots are kept contiguous from 0, so the step runs over slots ``0..n`` (n rounded up to a row
+        bucket): keys and values are read in place, without a gather. Slots in that range with no token to
+        feed (idle, free) ride along writing to the scratch column; their outputs are dropped.
+        """
+        self._ensure_capacity(max(len(r.seq.tokens) + 1 for r in reqs))
+        n = min(self.max_slots, bucket_rows(max(r.seq.slot for r in reqs) + 1))
+        ids = torch.zeros((n, 1), dtype=torch.long)
+        pos = torch.full((n, 1), self._cap, dtype=torch.long)
+        rows = torch.tensor([r.seq.slot for r in reqs])
+        ids[rows, 0] = torch.tensor([r.out[-1] for r in reqs])
+        pos[rows, 0] = torch.tensor([len(r.seq.tokens) for r in reqs])
 
-    For a single query, this beats the fused CPU kernel, which is built for long query blocks.
-    Shapes: q (B, n_heads, 1, hd); keys/vals (B, n_kv, L, hd); mask (B, 1, 1, L) additive. Returns q's shape.
-    """
-    B, nh, _, hd = q.shape
-    nkv = keys.shape[1]
-    qg = q.view(B, nkv, nh // nkv, hd)
-    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * hd**-0.5 + mask.float()
-    probs = torch.softmax(scores, dim=-1).to(vals.dtype)
-    return torch.matmul(probs, vals).view(B, nh, 1, hd)
+        def keys_values(K, V):
+            return K[:n], V[:n]
+
+        x = self._layers(ids, pos, torch.arange(n)[:, None], keys_values, self._cap + 1)
+        return self._logits(x[rows, 0])
+
+    def _layers(self, ids, pos, write_rows, keys_values, kv_len: int) -> torch.Tensor:
+        """The decoder stack over ``ids`` at positions ``pos`` (both (B, T)); returns the final hidden states.
+
+        Each layer writes its keys/values for these tokens to ``(write_rows, pos)`` of its cache, then attends
+        over ``keys_values(K, V)`` (B, n_kv, kv_len, head_dim) with query ``t`` of row ``b`` seeing keys
+        ``0..pos[b, t]``.
+        """
+        B, T = ids.shape
+        nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
+        allowed = torch.arange(kv_len)[None, None, :] <= pos[:, :, None]
+        mask = torch.zeros((B, 1, T, kv_len), dtype=self.dtype).masked_fill(~allowed[:, None], torch.finfo(self.dtype).min)
+        cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]  # (B, 1, T, hd)
+        x = self._w.embed[ids].float()  # the residual stream stays fp32, as under the learner's autocast. (B, T, H)
+        for layer, K, V in zip(self._w.layers, self._k, self._v):
+            h = self._norm(x, layer["in_norm"])
+            q, k, v = F.linear(h, layer["qkv"], layer["qkv_bias"]).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+            q = q.view(B, T, nh, hd).transpose(1, 2)
+            k = k.view(B, T, nkv, hd).transpose(1, 2)
+            q = (q * cos + _rotate_half(q) * sin).to(self.dtype)
+            k = (k * cos + _rotate_half(k) * sin).to(self.dtype)
+            K[write_rows, :, pos] = k.transpose(1, 2)
+            V[write_rows, :, pos] = v.view(B, T, nkv, hd)
+            keys, vals = keys_values(K, V)
+            att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=nkv != nh)
+            x = x + F.linear(att.transpose(1, 2).reshape(B, T, nh * hd), layer["o"], layer["o_bias"])
+            gate, up = F.linear(self._norm(x, layer["post_norm"]), layer["gate_up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer["down"])
+        return x
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(self._norm(hidden, self._w.final_norm), self._w.lm_head).float()
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
