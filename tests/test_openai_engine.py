@@ -93,6 +93,20 @@ def test_chatml_parser_rejects_what_a_chat_endpoint_cannot_continue():
         chatml_messages("[INST] hi [/INST]")
 
 
+def test_pieces_that_do_not_map_to_one_id_are_flagged_not_guessed(tokenizer):
+    """Without token-id strings, a byte-level piece like the partial UTF-8 of '☃' decodes from many ids."""
+    with StubOpenAIServer(tokenizer, reply=lambda p: "snow ☃ man") as server:
+        plain = _engine(server, tokenizer, vllm_extensions=False)
+        with pytest.raises(NoLogprobsError, match="do not map one-to-one.*require_logprobs=False"):
+            plain.generate([_prompt(tokenizer, "go")], GREEDY)
+        evaluation = _engine(server, tokenizer, vllm_extensions=False, require_logprobs=False)
+        out = evaluation.generate([_prompt(tokenizer, "go")], GREEDY)[0]
+        assert out.stats["ids"] == "retokenized" and tokenizer.decode(out.token_ids) == "snow ☃ man"
+        assert all(math.isnan(x) for x in out.logprobs)
+        exact = _engine(server, tokenizer).generate([_prompt(tokenizer, "go")], GREEDY)[0]  # vLLM's token-id strings
+        assert exact.stats["ids"] == "server" and exact.token_ids == _ids(tokenizer, "snow ☃ man")
+
+
 def test_stop_strings_and_stop_token_ids(tokenizer):
     reply = "Left. Then Down."
     with StubOpenAIServer(tokenizer, reply=lambda p: reply) as server:

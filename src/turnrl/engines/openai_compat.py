@@ -51,6 +51,7 @@ import math
 import os
 import random
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -164,6 +165,7 @@ class OpenAICompatEngine:
         self._jitter = random.Random()  # backoff jitter: must not disturb the seed stream
         self._sleep: Callable[[float], None] = time.sleep
         self._piece_table: dict[str, int | None] | None = None
+        self._piece_lock = threading.Lock()  # the table is built once, by whichever worker thread needs it first
 
     # ---- protocol -------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
@@ -315,13 +317,14 @@ class OpenAICompatEngine:
 
     def _pieces(self) -> dict[str, int | None]:
         """``decode([id]) -> id`` over the vocabulary; ``None`` marks pieces that decode from several ids."""
-        if self._piece_table is None:
-            table: dict[str, int | None] = {}
-            for tid in range(len(self.tokenizer)):
-                piece = self.tokenizer.decode([tid], skip_special_tokens=False)
-                table[piece] = None if piece in table else tid
-            self._piece_table = table
-        return self._piece_table
+        with self._piece_lock:
+            if self._piece_table is None:
+                table: dict[str, int | None] = {}
+                for tid in range(len(self.tokenizer)):
+                    piece = self.tokenizer.decode([tid], skip_special_tokens=False)
+                    table[piece] = None if piece in table else tid
+                self._piece_table = table
+            return self._piece_table
 
     # ---- HTTP ---------------------------------------------------------------------------------
     def _headers(self) -> dict[str, str]:
