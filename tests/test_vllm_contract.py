@@ -322,8 +322,14 @@ def test_raw_logprobs_llm_is_refused(fake_vllm, tokenizer, model):
         VLLMEngine(llm=_llm(model, tokenizer, logprobs_mode="raw_logprobs"))
 
 
+def _unset_multiprocessing_env(monkeypatch):
+    """Unset VLLM_ENABLE_V1_MULTIPROCESSING for this test and leave it as it was afterwards."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "unset-me")  # records the original state for undo
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")
+
+
 def test_engine_builds_the_llm_with_processed_logprobs_in_process(fake_vllm, tokenizer, model, tmp_path, monkeypatch):
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    _unset_multiprocessing_env(monkeypatch)
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     engine = VLLMEngine(str(tmp_path), seed=4, gpu_memory_utilization=0.3, enable_sleep_mode=True)
@@ -341,17 +347,19 @@ def test_engine_builds_the_llm_with_processed_logprobs_in_process(fake_vllm, tok
 
 
 def test_missing_vllm_names_the_extra(monkeypatch):
+    _unset_multiprocessing_env(monkeypatch)
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(ImportError, match=r"pip install 'turnrl\[vllm\]'"):
         VLLMEngine("default")
 
 
-def test_gpu_check_script_runs_end_to_end_on_the_fake(fake_vllm, tokenizer, model, tmp_path, capsys):
+def test_gpu_check_script_runs_end_to_end_on_the_fake(fake_vllm, tokenizer, model, tmp_path, capsys, monkeypatch):
     """bench/gpu_check.py's own logic (prompts, comparisons, sync check, table) with vLLM faked as above."""
     import importlib.util
     import json
     from pathlib import Path
 
+    _unset_multiprocessing_env(monkeypatch)
     spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parents[1] / "bench" / "gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)

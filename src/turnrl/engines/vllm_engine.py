@@ -87,13 +87,15 @@ class VLLMEngine:
         seed: int = 0,
         **llm_kwargs: Any,
     ) -> None:
-        self._vllm = import_vllm()
         if llm is None:
             if model is None:
                 raise ValueError("pass model= ('default' or a local Hugging Face model directory) or a built llm=")
+            # in process, so weights load without pickling; set before vllm is imported (it reads its env then)
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self._vllm = import_vllm()
+        if llm is None:
             from turnrl.models import resolve_model_path
 
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights load without pickling
             llm_kwargs.setdefault("logprobs_mode", REQUIRED_LOGPROBS_MODE)
             llm_kwargs.setdefault("seed", seed)
             llm = self._vllm.LLM(model=str(resolve_model_path(model)), **llm_kwargs)
