@@ -80,6 +80,12 @@ register(
     description="write a Python function (24 seeded templates); hidden tests run in the sandbox; retry after failures",
     max_turns=3,
 )
+register(
+    "webshop-v0",
+    "turnrl.envs.webshop:WebShop",
+    description="WebShop-style shopping: search a seeded 40-product catalogue, pick options, buy; reward as in WebShop",
+    max_turns=15,
+)
 
 __all__ = [
     "Env", "EnvCheckError", "EpisodeStatistics", "InvalidActionPenalty", "OracleProgress", "TurnLimit",
