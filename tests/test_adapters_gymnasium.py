@@ -74,7 +74,7 @@ def test_actions_by_name_and_alias_and_invalid_text_does_not_step():
     assert env.anchor() == before and obs.startswith("Invalid action. Answer with one of: South, North, East, West")
     _, reward, _, _, info = env.step("<answer>down</answer>")  # screen alias of South
     assert info["actions"] == ["South"] and reward == -1.0
-    assert f"Taxi T at row {row + 1}, column {col}." in env.render()
+    assert f"Taxi T at row {row + 1}, column {col}" in env.render()
     _, _, _, _, info = env.step("Pick up")  # two-word alias
     assert info["actions"] == ["Pickup"]
 

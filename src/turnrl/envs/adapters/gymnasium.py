@@ -85,10 +85,12 @@ def _render_taxi(unwrapped: Any, obs: int, last_reward: float | None) -> str:
     taxi_row, taxi_col, passenger, destination = unwrapped.decode(int(obs))
     desc = [[ch.decode() for ch in row] for row in unwrapped.desc]
     names = [desc[1 + r][2 * c + 1] for r, c in unwrapped.locs]  # R, G, Y, B
+    under = desc[1 + taxi_row][2 * taxi_col + 1]
     desc[1 + taxi_row][2 * taxi_col + 1] = "T"
     lines = ["".join(row) for row in desc]
+    on = f" (on {under})" if under in names else ""
     where = "in the taxi" if passenger == 4 else f"waiting at {names[passenger]}"
-    lines.append(f"Taxi T at row {taxi_row}, column {taxi_col}. Passenger: {where}. Destination: {names[destination]}.")
+    lines.append(f"Taxi T at row {taxi_row}, column {taxi_col}{on}. Passenger: {where}. Destination: {names[destination]}.")
     if last_reward is not None and last_reward <= -10:
         lines.append("Illegal pickup or dropoff.")
     return "\n".join(lines)
