@@ -10,12 +10,13 @@ from turnrl.envs.adapters.gymnasium import GymToyText
 @pytest.mark.parametrize(
     ("env_id", "kwargs", "check_solve", "random_tasks"),
     [
-        ("gym-frozenlake-v0", {}, True, False),  # Gymnasium's fixed 4x4 map: every seed is the same task
+        ("gym-frozenlake-v0", {}, True, True),  # a random 4x4 map per seed
+        ("gym-frozenlake-v0", {"random_map": None}, True, False),  # Gymnasium's fixed 4x4 map for every seed
         ("gym-frozenlake-v0", {"random_map": 5}, True, True),
         ("gym-taxi-v0", {}, True, True),
         ("gym-cliffwalking-v0", {}, True, False),
         ("gym-blackjack-v0", {}, False, True),  # no oracle: a card game
-        ("gym-frozenlake-v0", {"is_slippery": True}, False, False),  # stochastic: solve() is not implemented
+        ("gym-frozenlake-v0", {"is_slippery": True}, False, True),  # stochastic: solve() is not implemented
     ],
 )
 def test_registered_gym_envs_pass_check_env(env_id, kwargs, check_solve, random_tasks):
@@ -25,7 +26,7 @@ def test_registered_gym_envs_pass_check_env(env_id, kwargs, check_solve, random_
 @pytest.mark.parametrize(("env_id", "plan_length", "final_reward", "total"), [
     ("gym-taxi-v0", None, 20.0, None),
     ("gym-cliffwalking-v0", 13, -1.0, -13.0),
-    ("gym-frozenlake-v0", 6, 1.0, 1.0),
+    ("gym-frozenlake-v0", None, 1.0, 1.0),
 ])
 def test_following_the_oracle_succeeds_with_gymnasiums_rewards(env_id, plan_length, final_reward, total):
     env = make(env_id)
@@ -109,3 +110,6 @@ def test_random_maps_follow_the_seed_and_slippery_has_no_oracle():
         slippery.solve()
     with pytest.raises(ValueError, match="choose one of"):
         GymToyText("pong")
+    with pytest.raises(ValueError, match="pass random_map=None"):
+        make("gym-frozenlake-v0", map_name="8x8")
+    assert len(make("gym-frozenlake-v0", random_map=None, map_name="8x8").reset(seed=0)[0].splitlines()) == 8

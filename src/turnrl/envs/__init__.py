@@ -48,8 +48,9 @@ register(
 register(
     "gym-frozenlake-v0",
     "turnrl.envs.adapters.gymnasium:GymToyText",
-    description="Gymnasium's FrozenLake-v1 as text, not slippery by default (is_slippery, map_name, random_map=N)",
+    description="Gymnasium's FrozenLake-v1 as text: a random 4x4 map per seed, not slippery (random_map=None, map_name, is_slippery)",
     game="frozenlake",
+    random_map=4,
     is_slippery=False,
     max_turns=16,
 )

@@ -157,6 +157,8 @@ class GymToyText(Env):
             raise ValueError(f"game={game!r} is not supported; choose one of {sorted(GAMES)}")
         if random_map is not None and (game != "frozenlake" or random_map < 2):
             raise ValueError(f"random_map={random_map} needs game='frozenlake' and a size >= 2")
+        if random_map is not None and {"map_name", "desc"} & gym_kwargs.keys():
+            raise ValueError("map_name/desc choose a fixed map but random_map draws one per seed; pass random_map=None with them")
         self.gym = require("gymnasium", "gymnasium")
         self.game, self.spec_ = game, GAMES[game]
         self.random_map, self.gym_kwargs = random_map, dict(gym_kwargs)
