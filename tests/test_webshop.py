@@ -180,3 +180,16 @@ def test_playable_by_hand():
     printed = []
     result = play("webshop-v0", seed=9, input_fn=lambda _: next(lines), print_fn=lambda *a: printed.append(" ".join(map(str, a))))
     assert result["success"] and result["turns"] == len(plan) and f"oracle: {plan[0]}" in printed
+
+
+def test_progress_shaping_follows_the_oracle_and_a_wrong_purchase_ends_without_a_plan():
+    env = make("webshop-v0", progress_reward=0.1)
+    env.reset(seed=0)
+    plan = env.solve()
+    returns = [env.step(a)[1] for a in plan]
+    assert sum(returns) == pytest.approx(1.0 + 0.1 * len(plan))
+    env.reset(seed=0)
+    query = " ".join([env.unwrapped.shop.goal.type, *env.unwrapped.shop.goal.attributes])
+    _play(env, [f"search[{query}]", *env.unwrapped._via_results(query, 0)])
+    _, r, term, _, info = env.step("click[Buy Now]")  # no options selected: partial reward, and no plan is left
+    assert term and env.solve() is None and info["reward_components"]["progress"] == pytest.approx(-0.1)

@@ -295,7 +295,10 @@ class WebShop(Env):
 
     def solve(self) -> list[str] | None:
         """A plan that buys the goal product with the asked options: through the current results when they hold it,
-        else through a new search for its type and attributes. Returns the shorter of the two."""
+        else through a new search for its type and attributes: the shorter one. None once the episode is over (a
+        purchase cannot be undone)."""
+        if self.done:
+            return None
         goal, v = self.shop.goal, self.view
         finish = [f"click[{val}]" for kind, val in goal.options.items() if v.chosen().get(kind) != val or v.asin != goal.asin]
         finish.append(f"click[{BUY}]")
