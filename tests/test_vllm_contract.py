@@ -229,7 +229,7 @@ def test_greedy_ids_and_logprobs_match_the_hf_engine_in_input_order(fake_vllm, t
 def test_sampled_logprob_is_the_sampled_tokens_temperature_scaled_one(fake_vllm, tokenizer, model):
     prompts = _prompts(tokenizer)
     engine = VLLMEngine(llm=_llm(model, tokenizer), seed=3)
-    outs = engine.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.7))
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=4, temperature=0.7))
     for p, o in zip(prompts, outs):
         with torch.no_grad():
             logits = model(torch.tensor([p + o.token_ids])).logits[0, len(p) - 1 : -1].float() / 0.7
@@ -241,21 +241,21 @@ def test_requests_carry_exact_ids_our_sampling_fields_and_per_request_seeds(fake
     llm = _llm(model, tokenizer)
     engine = VLLMEngine(llm=llm, seed=5)
     prompts = _prompts(tokenizer)
-    engine.generate(prompts, SamplingParams(max_new_tokens=3, temperature=0.9, top_p=0.95, top_k=40, stop_token_ids=(7,), stop_strings=("\n",)))
+    engine.generate(prompts, SamplingParams(max_new_tokens=2, temperature=0.9, top_p=0.95, top_k=40, stop_token_ids=(7,), stop_strings=("\n",)))
     sent, sps = llm.calls[0]
     assert [r["prompt_token_ids"] for r in sent] == prompts
     sp = sps[0]
-    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.stop, sp.stop_token_ids) == (3, 0.9, 0.95, 40, ["\n"], [7])
+    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.stop, sp.stop_token_ids) == (2, 0.9, 0.95, 40, ["\n"], [7])
     assert sp.include_stop_str_in_output and sp.logprobs == 0 and sp.n == 1
     assert len({s.seed for s in sps}) == len(prompts)
     again = VLLMEngine(llm=llm, seed=5)
-    again.generate(prompts, SamplingParams(max_new_tokens=3, temperature=0.9))
+    again.generate(prompts, SamplingParams(max_new_tokens=1, temperature=0.9))
     assert [s.seed for s in llm.calls[1][1]] == [s.seed for s in sps]
 
 
 def test_same_seed_same_samples_and_state_roundtrip(fake_vllm, tokenizer, model):
-    prompts = _prompts(tokenizer)
-    params = SamplingParams(max_new_tokens=4, temperature=1.0)
+    prompts = _prompts(tokenizer)[:2]
+    params = SamplingParams(max_new_tokens=3, temperature=1.0)
     a = VLLMEngine(llm=_llm(model, tokenizer), seed=1)
     state = a.state_dict()
     first = [o.token_ids for o in a.generate(prompts, params)]
@@ -365,8 +365,8 @@ def test_gpu_check_script_runs_end_to_end_on_the_fake(fake_vllm, tokenizer, mode
     spec.loader.exec_module(gpu_check)
     model.save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")
-    code = gpu_check.main(["--model", str(tmp_path / "m"), "--prompts", "3", "--max-new-tokens", "3", "--throughput-prompts", "4",
-                           "--hf-throughput-prompts", "2", "--throughput-tokens", "2", "--json", str(tmp_path / "r.json")])
+    code = gpu_check.main(["--model", str(tmp_path / "m"), "--prompts", "2", "--max-new-tokens", "3", "--throughput-prompts", "2",
+                           "--hf-throughput-prompts", "1", "--throughput-tokens", "2", "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr().out
     assert code == 0, out
     rows = {r["check"]: r for r in json.loads((tmp_path / "r.json").read_text())}
