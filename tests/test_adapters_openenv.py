@@ -174,3 +174,25 @@ def test_configuration_errors_are_clear():
         OpenEnvServer("frozenlak-v0")
     with pytest.raises(ValueError, match="needs the server's url"):
         make("openenv-v0")
+
+
+def test_collector_runs_a_remote_env_exactly_like_the_local_one(server, tokenizer):
+    from turnrl.engines import HFEngine, SamplingParams
+    from turnrl.models import tiny_model
+    from turnrl.rollout import Collector
+
+    model = tiny_model(tokenizer, seed=0)
+
+    def collect(env_factory):
+        engine = HFEngine(model, tokenizer, seed=0)  # same weights and sampling seed for both runs
+        groups = Collector(engine, tokenizer, env_factory).collect(
+            [3, 4], group_size=1, sampling=SamplingParams(max_new_tokens=4, temperature=1.0))
+        return [
+            (t.termination, t.success, [(u.prompt_ids, u.response_ids, u.observation, u.reward, u.valid, u.anchor)
+                                        for u in t.turns])
+            for g in groups for t in g.trajectories
+        ]
+
+    local = collect(lambda: make("frozenlake-v0", max_turns=2))
+    remote = collect(lambda: make("openenv-v0", url=server.url, max_turns=2))
+    assert remote == local and sum(len(turns) for _, _, turns in local) >= 2
