@@ -85,8 +85,10 @@ def _external_engine_components(cfg, args):
 
     env_kwargs = dict(cfg.env.kwargs, max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty,
                       progress_reward=cfg.env.progress_reward)  # as turnrl.train.build
-    try:
-        make(cfg.env.id, **env_kwargs).close()
+    try:  # fail before contacting a server or loading vLLM, with the env's own message
+        probe = make(cfg.env.id, **env_kwargs)
+        probe.reset(seed=cfg.eval.seed_start)
+        probe.close()
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"env.id={cfg.env.id!r} with env.kwargs={cfg.env.kwargs}: {e}") from None
     tokenizer = load_tokenizer(cfg.model.path)
