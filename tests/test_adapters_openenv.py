@@ -12,6 +12,7 @@ from openenv.core.generic_client import GenericEnvClient
 
 from turnrl.envs import UnknownEnvError, check_env, make
 from turnrl.envs.adapters.openenv import OpenEnvRemote, OpenEnvServer
+from turnrl.envs.adapters.openenv import main as serve_main
 from turnrl.envs.checker import GARBAGE
 
 
@@ -169,11 +170,14 @@ def test_wraps_a_plain_openenv_server_by_url():
             env.close()
 
 
-def test_configuration_errors_are_clear():
+def test_configuration_errors_are_clear(capsys):
     with pytest.raises(UnknownEnvError, match="frozenlake-v0"):
         OpenEnvServer("frozenlak-v0")
     with pytest.raises(ValueError, match="needs the server's url"):
         make("openenv-v0")
+    with pytest.raises(SystemExit):
+        serve_main(["frozenlake-v0", "slipery=true"])
+    assert "has no argument 'slipery'. Did you mean 'slippery'?" in capsys.readouterr().err
 
 
 def test_collector_runs_a_remote_env_exactly_like_the_local_one(server, tokenizer):

@@ -440,8 +440,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"env argument '{item}' is not key=value (example: max_turns=12)")
         key, value = item.split("=", 1)
         kwargs[key] = yaml.safe_load(value)
+    from turnrl.envs import UnknownEnvError
+
     uvicorn = require("uvicorn", "uvicorn")
-    uvicorn.run(create_app(args.env, max_sessions=args.max_sessions, **kwargs), host=args.host, port=args.port)
+    try:
+        app = create_app(args.env, max_sessions=args.max_sessions, **kwargs)
+    except (UnknownEnvError, TypeError, ValueError, ImportError) as e:
+        parser.error(str(e))
+    uvicorn.run(app, host=args.host, port=args.port)
     return 0
 
 
