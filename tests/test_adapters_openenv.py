@@ -175,6 +175,8 @@ def test_configuration_errors_are_clear(capsys):
         OpenEnvServer("frozenlak-v0")
     with pytest.raises(ValueError, match="needs the server's url"):
         make("openenv-v0")
+    with pytest.raises(ConnectionError, match="127.0.0.1:9"):
+        OpenEnvRemote("http://127.0.0.1:9", connect_timeout_s=2).reset(seed=0)  # nothing listens on port 9
     with pytest.raises(SystemExit):
         serve_main(["frozenlake-v0", "slipery=true"])
     assert "has no argument 'slipery'. Did you mean 'slippery'?" in capsys.readouterr().err

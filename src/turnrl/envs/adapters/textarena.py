@@ -19,7 +19,8 @@ board; ``"-raw"`` ids give message lists, which this adapter joins as ``[GAME] .
   ``random.seed(seed)``). This adapter gives each env its own global-RNG state: every call into the game
   swaps the env's state in and the caller's back out (under a lock), so an episode is a function of its
   seed and its actions whatever other code or envs do with ``random`` in between, and the caller's global
-  RNG is left as it was. ``reset()`` without a seed continues the env's stream.
+  RNG is left as it was. ``reset()`` without a seed continues the env's stream. (Another *thread* that uses
+  ``random`` while a game call runs would still interleave with it; the lock only orders the adapters.)
 - **No oracle**: ``solve()`` is not implemented (``check_env`` then plays garbage text, and progress
   shaping is unavailable).
 
