@@ -14,6 +14,16 @@ def test_datasets_pass_check_env(dataset, attempts):
     check_env("reasoning-gym-v0", dataset=dataset, attempts=attempts, random_tasks=True)
 
 
+def test_checker_scored_dataset_has_no_oracle_but_passes_check_env():
+    check_env("reasoning-gym-v0", dataset="graph_color", random_tasks=True)  # answer None: scored by a checker
+    env = ReasoningGym("graph_color", attempts=1)
+    env.reset(seed=0)
+    with pytest.raises(NotImplementedError, match="no reference answer"):
+        env.solve()
+    obs, reward, terminated, _, info = env.step("<answer>{}</answer>")
+    assert obs == "Incorrect." and terminated and reward == info["score"] < 1.0 and env.examples() == []
+
+
 def test_question_is_the_datasets_item_for_the_seed():
     env = ReasoningGym("chain_sum", dataset_seed=7, size=50)
     reference = reasoning_gym.create_dataset("chain_sum", seed=7, size=50)
