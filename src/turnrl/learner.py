@@ -23,11 +23,21 @@ from turnrl.prefix import bucket_rows, round_up, additive_mask, common_prefix_le
 from turnrl.types import Termination, TrainSample, Trajectory
 
 
-def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]) -> list[TrainSample]:
+def _spread(a: float | Sequence[float], n: int) -> list[float]:
+    """A turn's advantage over its ``n`` response tokens: a float is repeated, a list is taken per token."""
+    if isinstance(a, (int, float)):
+        return [float(a)] * n
+    if len(a) != n:
+        raise ValueError(f"a token-level advantage list has {len(a)} entries for a {n}-token response")
+    return [float(x) for x in a]
+
+
+def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float | Sequence[float]]]) -> list[TrainSample]:
     """One sample per turn (``per_step`` trajectories) or per trajectory (``full``).
 
-    ``advantages[i][j]`` is the advantage of turn ``j`` of ``trajectories[i]``; it is spread over every
-    token of that turn's response. Trajectories that ended in an env error are not trained on.
+    ``advantages[i][j]`` is the advantage of turn ``j`` of ``trajectories[i]``: a float is spread over every
+    token of that turn's response, a list (token-level estimators) gives one value per response token.
+    Trajectories that ended in an env error are not trained on.
     """
     samples: list[TrainSample] = []
     for i, (traj, adv) in enumerate(zip(trajectories, advantages)):
@@ -42,7 +52,7 @@ def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Seque
                 ids += turn.prompt_ids + turn.response_ids
                 mask += [0] * len(turn.prompt_ids) + [1] * n
                 lps += [0.0] * len(turn.prompt_ids) + list(turn.logprobs)
-                advs += [0.0] * len(turn.prompt_ids) + [float(a)] * n
+                advs += [0.0] * len(turn.prompt_ids) + _spread(a, n)
             if any(mask):
                 samples.append(TrainSample(ids, mask, lps, advs, traj_index=i, turn_index=-1))
             continue
@@ -55,7 +65,7 @@ def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Seque
                     input_ids=turn.prompt_ids + turn.response_ids,
                     loss_mask=[0] * p + [1] * n,
                     behaviour_logprobs=[0.0] * p + list(turn.logprobs),
-                    advantages=[0.0] * p + [float(a)] * n,
+                    advantages=[0.0] * p + _spread(a, n),
                     traj_index=i,
                     turn_index=j,
                 )

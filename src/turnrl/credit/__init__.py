@@ -3,7 +3,8 @@
     estimator = get_estimator(cfg.algo.estimator)
     advantages = estimator(groups, CreditParams(norm_std=..., gamma=...))   # one float per turn
 
-Built in: ``grpo`` (and Dr.GRPO via ``norm_std=False``), ``rloo``, ``grpo_turn``, ``gigpo``, ``reinforce_pp``, ``reinforce_pp_baseline``.
+Built in: ``grpo`` (and Dr.GRPO via ``norm_std=False``), ``rloo``, ``grpo_turn``, ``gigpo``, ``reinforce_pp``, ``reinforce_pp_baseline``,
+``remax``, and with a critic ``ppo_token``, ``ppo_turn``, ``ppo_bilevel`` (GAE, see ``gae.py``).
 Add one with ``@register_estimator("name")`` on a function of the same signature.
 """
 
@@ -11,6 +12,8 @@ from turnrl.credit.base import (
     Advantages,
     CreditParams,
     Estimator,
+    ValueInputs,
+    estimator_flag,
     available_estimators,
     episode_rewards,
     get_estimator,
@@ -20,6 +23,8 @@ from turnrl.credit.outcome import grpo, rloo
 from turnrl.credit.turn import grpo_turn, turn_returns
 from turnrl.credit.gigpo import gigpo
 from turnrl.credit.reinforce import reinforce_pp, reinforce_pp_baseline
+from turnrl.credit.remax import remax
+from turnrl.credit.gae import ppo_bilevel, ppo_token, ppo_turn
 
 __all__ = [
     "Advantages",
@@ -35,5 +40,11 @@ __all__ = [
     "gigpo",
     "reinforce_pp",
     "reinforce_pp_baseline",
+    "remax",
+    "ppo_token",
+    "ppo_turn",
+    "ppo_bilevel",
+    "ValueInputs",
+    "estimator_flag",
     "turn_returns",
 ]

@@ -17,14 +17,33 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, Union
 
 import numpy as np
 
 from turnrl.types import TrajectoryGroup
 
-Advantages = list[list[float]]
-"""One list per trajectory (flattened group order), one float per turn."""
+TurnAdvantage = Union[float, list[float]]
+"""A float is spread over every response token of the turn; a list gives one advantage per response token
+(token-level estimators such as ``ppo_token``), ``len == len(turn.response_ids)``."""
+
+Advantages = list[list[TurnAdvantage]]
+"""One list per trajectory (flattened group order), one entry per turn."""
+
+
+@dataclass(frozen=True)
+class ValueInputs:
+    """Critic predictions for one batch, filled by the trainer when ``algo.critic`` is not ``none``.
+
+    ``token_values[i][t][k]`` is V of the state just before response token k of turn t of trajectory i
+    (flattened group order), i.e. the critic read at the position that predicts that token; the turn-level
+    value of turn t is ``token_values[i][t][0]`` (the position before the turn's first response token).
+    ``bootstrap[i]`` is the value after the last response token of trajectory i: GAE uses it only when
+    the episode was truncated (a terminated episode's next-state value is 0).
+    """
+
+    token_values: list[list[list[float]]]
+    bootstrap: list[float]
 
 
 @dataclass(frozen=True)
@@ -39,10 +58,37 @@ class CreditParams:
     """Turn discount for estimators that use per-turn returns (``grpo_turn``, ``gigpo``)."""
     step_weight: float = 1.0
     """GiGPO: weight w of the anchor-state step-level advantage added to the episode-level one."""
+    similarity: float = 1.0
+    """GiGPO: anchors whose token-Jaccard similarity is >= this share a step-level group (1.0 = exact match)."""
+    lam: float = 1.0
+    """GAE lambda (``ppo_token``, ``ppo_turn``, ``ppo_bilevel``)."""
+    gamma_token: float = 1.0
+    """Per-token discount of token-level GAE (``ppo_token``) and within a turn (``ppo_bilevel``)."""
+    whiten: bool = True
+    """GAE estimators: whiten advantages over the batch (mean 0, std 1 over response tokens)."""
+    values: ValueInputs | None = None
+    """Critic predictions for this batch (trainer-filled); estimators with ``needs_critic`` require them."""
+    baseline_rewards: tuple[float, ...] | None = None
+    """Per group, the episode reward of one greedy rollout of its task (trainer-filled for ``needs_greedy_baseline``)."""
 
 
 class Estimator(Protocol):
+    """An estimator may carry registry attributes the trainer honours without knowing which one it holds:
+
+    - ``needs_critic = True``: the trainer fills ``params.values`` (and ``algo.critic`` must not be ``none``);
+    - ``needs_greedy_baseline = True``: the trainer collects one greedy episode per task and fills
+      ``params.baseline_rewards``;
+    - ``value_targets(groups, params) -> (returns, mask)``: per-token value-loss targets (see ``credit.gae``).
+
+    Read them with :func:`estimator_flag`.
+    """
+
     def __call__(self, groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages: ...
+
+
+def estimator_flag(estimator: Estimator, name: str) -> bool:
+    """Whether ``estimator`` declares the boolean registry attribute ``name`` (absent = False)."""
+    return bool(getattr(estimator, name, False))
 
 
 _REGISTRY: dict[str, Estimator] = {}
