@@ -10,10 +10,11 @@ from turnrl.envs.adapters import MissingExtraError
 from turnrl.envs.adapters.textarena import TextArena
 
 # Single-player games that need no download; True where the seed shows in the first observation (a scrambled
-# board), False where it does not (a hidden number or code, mines placed on the first reveal, a fixed tower).
+# board), False where it does not (a hidden number or code, mines placed on the first reveal, a fixed tower or
+# Countdown's registered numbers).
 OFFLINE_GAMES = {"GuessTheNumber-v0": False, "TowerOfHanoi-v0": False, "Minesweeper-v0-small": False,
-                 "Mastermind-v0": False, "LightsOut-v0": True, "FifteenPuzzle-v0": True,
-                 "GuessTheNumber-v0-raw": False, "TowerOfHanoi-v0-train": False}
+                 "Mastermind-v0": False, "LightsOut-v0": True, "FifteenPuzzle-v0": True, "Sudoku-v0-very-easy": True,
+                 "Countdown-v0": False, "GuessTheNumber-v0-raw": False, "TowerOfHanoi-v0-train": False}
 
 
 @pytest.mark.parametrize(("game", "random_tasks"), OFFLINE_GAMES.items())
@@ -68,6 +69,14 @@ def test_invalid_moves_follow_textarenas_error_allowance():
         assert not terminated and not info["valid"]
 
 
+def test_a_games_non_numeric_final_reward_becomes_zero():
+    env = make("textarena-v0", game="Countdown-v0")
+    env.reset(seed=0)
+    env.step("no move")
+    _, reward, terminated, _, info = env.step("no move again")  # ends the game; Countdown's reward is a string
+    assert terminated and reward == 0.0 and not info["valid"] and "Invalid action format" in info["textarena_reward"]
+
+
 def _minesweeper_episode(env, seed, between=lambda: None):
     """Reset with ``seed`` and reveal cells; ``between`` runs before every call (other envs, global RNG use)."""
     between()
@@ -116,7 +125,9 @@ def test_unseeded_reset_continues_the_envs_own_stream():
 
 def test_multi_player_games_and_unknown_names_are_rejected():
     with pytest.raises(ValueError, match="not a single-player game"):
-        TextArena("Nim-v0").reset(seed=0)
+        TextArena("Nim-v0").reset(seed=0)  # asserts two players
+    with pytest.raises(ValueError, match="its state is a TwoPlayerState"):
+        TextArena("QuantumTicTacToe-v0").reset(seed=0)  # accepts one player without complaint
     with pytest.raises(ValueError, match="Did you mean 'GuessTheNumber-v0'"):
         TextArena("GuessTheNumbr-v0")
 

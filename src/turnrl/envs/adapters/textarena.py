@@ -14,7 +14,9 @@ board; ``"-raw"`` ids give message lists, which this adapter joins as ``[GAME] .
 - **Reward**: TextArena pays only when the game ends: 1 for a win, partial credit in [0, 1) for most losses
   (the game's completion measure), the game's penalty for an invalid loss. It is the component
   ``"outcome"``. **success**: the game ended with reward >= 1 and not on an invalid move (TextArena's
-  convention for a win).
+  convention for a win). Where a game's final reward is not a number (a TextArena bug in Countdown,
+  Cryptarithm, Slitherlink and ThreeCardMonte 0.7.4: swapped arguments make it a message string), the
+  adapter pays 0.0 and keeps the string in ``info["textarena_reward"]``.
 - **Seeding**: TextArena seeds and draws from Python's *global* ``random`` (``State.__init__`` calls
   ``random.seed(seed)``). This adapter gives each env its own global-RNG state: every call into the game
   swaps the env's state in and the caller's back out (under a lock), so an episode is a function of its
@@ -104,13 +106,24 @@ class TextArena(Env):
                 random.setstate(outer)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """A fresh game, then TextArena's ``reset(num_players=1, seed=seed)``; ``ValueError`` for a multi-player game."""
+        """A fresh game, then TextArena's ``reset(num_players=1, seed=seed)``; ``ValueError`` for a multi-player game.
+
+        With a seed, the env's global-RNG state restarts from ``seed`` before the game is built, so games that
+        draw in their constructor (Countdown's numbers) depend on the seed too.
+        """
+        if seed is not None:
+            self._rng_state = random.Random(seed).getstate()
         self._env = self._make()
         with self._own_global_rng():
             try:
                 self._env.reset(num_players=1, seed=seed)
-            except AssertionError as e:
+            except (AssertionError, ValueError) as e:  # the game refuses one player
                 raise ValueError(f"{self.game} is not a single-player game ({e}); only single-player games are supported") from e
+            if not isinstance(self._env.state, self._ta.SinglePlayerState):  # some accept one player silently
+                raise ValueError(
+                    f"{self.game} is not a single-player game (its state is a {type(self._env.state).__name__}); "
+                    "only single-player games are supported"
+                )
             if self.error_allowance is not None:
                 self._env.state.error_allowance = self.error_allowance
             self._observation = self._read_observation()
@@ -126,8 +139,11 @@ class TextArena(Env):
             state = self._env.state
             game_info = state.game_info[0]
             invalid = state.error_count > 0 or bool(done and game_info.get("invalid_move"))
-            reward = float(state.rewards[0]) if done and state.rewards else 0.0
+            final = state.rewards[0] if done and state.rewards else 0.0
             observation = self._read_observation()
+        # A few games (Countdown, Cryptarithm, Slitherlink, ThreeCardMonte in textarena 0.7.4) pass their
+        # arguments to set_invalid_move swapped, which makes the final reward a message string.
+        reward = float(final) if isinstance(final, (int, float)) else 0.0
         self._done = bool(done)
         if done and game_info.get("reason"):
             observation += f"\nGame over: {game_info['reason']}"
@@ -141,6 +157,8 @@ class TextArena(Env):
         }
         if done and game_info.get("reason"):
             info["reason"] = str(game_info["reason"])
+        if not isinstance(final, (int, float)):
+            info["textarena_reward"] = str(final)
         return observation, reward, bool(done), False, info
 
     def anchor(self) -> str:
