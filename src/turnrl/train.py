@@ -40,7 +40,7 @@ from turnrl.envs import make
 from turnrl.learner import Learner, build_samples
 from turnrl.models import frozen_copy, load_model, load_tokenizer
 from turnrl.monitor.detectors import Alert, default_detectors
-from turnrl.monitor.sinks import JsonlSink, MetricLogger, TensorBoardSink
+from turnrl.monitor.sinks import JsonlSink, MetricLogger, MlflowSink, TensorBoardSink, WandbSink
 from turnrl.rollout import Collector, ContextSpec
 from turnrl.types import Termination, TrajectoryGroup
 
@@ -211,38 +211,79 @@ def make_run_dir(cfg: Config) -> Path:
     return run_dir
 
 
-def write_trajectories(run_dir: Path, step: int, groups: list[TrajectoryGroup], advantages, tokenizer, limit: int) -> None:
-    """A sample of the step's trajectories with tokens, logprobs and advantages (for the viewer)."""
+def write_trajectories(run_dir: Path, step: int, groups: list[TrajectoryGroup], advantages, tokenizer, limit: int,
+                       samples=None, algo=None) -> None:
+    """Append the step's first ``limit`` trajectories to ``trajectories.jsonl`` for ``turnrl report``.
+
+    Each turn carries its tokens, behaviour logprobs, the turn advantage, and per response token:
+    ``token_advantages`` (the advantage :func:`build_samples` spreads over the turn) and ``loss_mask`` (1 when
+    the token's policy-gradient term is trained: it is in a sample handed to the learner and no filter zeroed
+    its advantage). ``masked_by`` names why a turn is not trained (``env_error``, ``group_filter``,
+    ``overlong``, ``zero_advantage`` (skipped sample), ``not_trained``) or is null. ``entropies`` appears only
+    when the engine recorded per-token entropies in ``Turn.info["token_entropies"]``. ``samples`` are the
+    samples the learner received and ``algo`` the AlgoConfig; without them the mask is left out.
+    Format: docs/metrics.md, "trajectories.jsonl".
+    """
     if limit <= 0:
         return
     flat = [t for g in groups for t in g.trajectories]
+    group_kept = [True] * len(groups)
+    if algo is not None and algo.group_keep_fraction < 1.0:
+        group_kept = keep_informative_groups(groups, algo.group_keep_fraction)  # as assign_credit chose
+    traj_kept = [k for g, k in zip(groups, group_kept) for _ in g.trajectories]
+    trained = {(s.traj_index, s.turn_index) for s in samples} if samples is not None else None
+
+    def masked_by(i: int, j: int, traj, turn) -> str | None:
+        if traj.termination == Termination.ENV_ERROR:
+            return "env_error"
+        if not traj_kept[i]:
+            return "group_filter"
+        if algo is not None and algo.mask_overlong and turn.finish_reason == "length":
+            return "overlong"
+        if (i, j) not in trained and (i, -1) not in trained:
+            return "zero_advantage" if algo is not None and algo.skip_zero_advantage else "not_trained"
+        return None
+
     rows = []
     for i, (traj, adv) in enumerate(zip(flat, advantages)):
         if i >= limit:
             break
+        turns = []
+        for j, (t, a) in enumerate(zip(traj.turns, adv)):
+            n = len(t.response_ids)
+            row = {
+                "observation": t.observation,
+                "response": t.response_text,
+                "response_tokens": tokenizer.convert_ids_to_tokens(t.response_ids),
+                "response_ids": t.response_ids,
+                "logprobs": t.logprobs,
+                "advantage": a,
+                "token_advantages": [float(a)] * n,
+                "actions": t.actions,
+                "valid": t.valid,
+                "reward": t.reward,
+                "reward_components": t.reward_components,
+                "finish_reason": t.finish_reason,
+            }
+            entropies = t.info.get("token_entropies")
+            if entropies is not None and len(entropies) == n:
+                row["entropies"] = [float(e) for e in entropies]
+            if trained is not None:
+                why = masked_by(i, j, traj, t)
+                row["masked_by"] = why
+                row["loss_mask"] = [int(why is None)] * n
+            turns.append(row)
         rows.append(
             {
                 "step": step,
+                "index": i,
+                "group_index": traj.group_index,
                 "env_id": traj.env_id,
                 "seed": traj.seed,
                 "success": traj.success,
                 "termination": traj.termination.value,
                 "reward": traj.total_reward,
-                "turns": [
-                    {
-                        "observation": t.observation,
-                        "response": t.response_text,
-                        "response_tokens": tokenizer.convert_ids_to_tokens(t.response_ids),
-                        "response_ids": t.response_ids,
-                        "logprobs": t.logprobs,
-                        "advantage": a,
-                        "actions": t.actions,
-                        "valid": t.valid,
-                        "reward": t.reward,
-                        "reward_components": t.reward_components,
-                    }
-                    for t, a in zip(traj.turns, adv)
-                ],
+                "turns": turns,
             }
         )
     with (run_dir / "trajectories.jsonl").open("a") as f:
@@ -303,6 +344,10 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
     sinks = [JsonlSink(run_dir / "metrics.jsonl")]
     if cfg.log.tensorboard:
         sinks.append(TensorBoardSink(run_dir / "tb"))
+    if cfg.log.wandb:
+        sinks.append(WandbSink(run_dir, cfg.log.wandb_project, cfg.model_dump(mode="json")))
+    if cfg.log.mlflow:
+        sinks.append(MlflowSink(run_dir, cfg.log.mlflow_tracking_uri, cfg.log.mlflow_experiment, cfg.model_dump(mode="json")))
     logger = MetricLogger(sinks)
     estimator = credit.get_estimator(cfg.algo.estimator)
     params = credit.CreditParams(norm_std=cfg.algo.norm_std, gamma=cfg.algo.gamma, step_weight=cfg.algo.step_weight)
@@ -338,7 +383,7 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps or out_of_time:
             metrics.update(evaluate(c))
         logger.log(done, metrics)
-        write_trajectories(run_dir, done, groups, advantages, c.tokenizer, cfg.log.sample_trajectories)
+        write_trajectories(run_dir, done, groups, advantages, c.tokenizer, cfg.log.sample_trajectories, samples, cfg.algo)
         alerts = [a for d in detectors if (a := d.update(done, metrics))]
         stop = write_alerts(run_dir, alerts, progress) and cfg.monitor.on_alert == "stop"
         if (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0) or done == cfg.train.steps or out_of_time or stop:

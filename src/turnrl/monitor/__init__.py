@@ -1,3 +1,3 @@
-from turnrl.monitor.sinks import JsonlSink, MetricLogger, TensorBoardSink
+from turnrl.monitor.sinks import JsonlSink, MetricLogger, MlflowSink, TensorBoardSink, WandbSink
 
-__all__ = ["JsonlSink", "MetricLogger", "TensorBoardSink"]
+__all__ = ["JsonlSink", "MetricLogger", "MlflowSink", "TensorBoardSink", "WandbSink"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,97 @@ class TensorBoardSink:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _missing(package: str, extra: str) -> ImportError:
+    return ImportError(f"{package} is not installed; install it with `pip install 'turnrl[{extra}]'` "
+                       f"or turn the sink off (log.{extra}=false)")
+
+
+def _remembered_id(path: Path) -> str | None:
+    """The tracker run id a previous session of this run directory stored in ``path`` (so resume appends)."""
+    if not path.exists():
+        return None
+    return path.read_text().strip() or None
+
+
+class WandbSink:
+    """Logs every step's scalars to a Weights & Biases run named after the run directory.
+
+    The W&B run id is kept in ``RUN/wandb_run_id`` so ``turnrl train --resume`` continues the same W&B run.
+    ``WANDB_MODE=offline`` writes the run under ``RUN/wandb/`` without a network (sync later with
+    ``wandb sync``). Non-finite values are logged as they are (W&B shows them as NaN/inf).
+    """
+
+    def __init__(self, run_dir: Path, project: str, config: dict[str, Any] | None = None) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise _missing("wandb", "wandb") from None
+        run_dir = Path(run_dir)
+        id_file = run_dir / "wandb_run_id"
+        run_id = _remembered_id(id_file) or secrets.token_hex(6)
+        self.run = wandb.init(project=project, name=run_dir.name, id=run_id, resume="allow", dir=str(run_dir),
+                              config=config or {})
+        id_file.write_text(run_id)
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowSink:
+    """Logs every step's scalars to an MLflow run (experiment ``experiment``, run named after the run directory).
+
+    ``tracking_uri`` empty means MLflow's own default (``MLFLOW_TRACKING_URI`` when set). The MLflow run id is
+    kept in ``RUN/mlflow_run_id`` so ``turnrl train --resume`` appends to the same MLflow run. MLflow rejects
+    NaN/inf metric values on some backends, so non-finite values are skipped (``metrics.jsonl`` keeps them).
+    Metric names keep their ``/`` namespaces.
+    """
+
+    def __init__(self, run_dir: Path, tracking_uri: str, experiment: str, config: dict[str, Any] | None = None) -> None:
+        try:
+            import mlflow
+            from mlflow.tracking import MlflowClient
+        except ImportError:
+            raise _missing("mlflow", "mlflow") from None
+        run_dir = Path(run_dir)
+        self.client = MlflowClient(tracking_uri or None)
+        id_file = run_dir / "mlflow_run_id"
+        run_id = _remembered_id(id_file)
+        if run_id is None:
+            exp = self.client.get_experiment_by_name(experiment)
+            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
+            run = self.client.create_run(exp_id, run_name=run_dir.name, tags={"turnrl.run_dir": str(run_dir.resolve())})
+            run_id = run.info.run_id
+            for k, v in _flatten(config or {}).items():
+                self.client.log_param(run_id, k, str(v)[:6000])
+            id_file.write_text(run_id)
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+        self._metric = mlflow.entities.Metric
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        now = int(time.time() * 1000)
+        batch = [self._metric(k, float(v), now, step) for k, v in metrics.items() if math.isfinite(v)]
+        for i in range(0, len(batch), 1000):  # MLflow's per-request limit
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 class MetricLogger:
