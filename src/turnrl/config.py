@@ -41,10 +41,11 @@ class EnvConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    engine: Literal["hf", "native"] = Field(
+    engine: Literal["hf", "native", "vllm"] = Field(
         "hf",
         description="'hf': the reference engine (any HF causal LM); 'native': KV caches kept across turns and "
-        "continuous batching (Llama/Mistral/Qwen2 models; bf16 when model.autocast_bf16)",
+        "continuous batching (Llama/Mistral/Qwen2 models; bf16 when model.autocast_bf16); 'vllm': vLLM on a GPU "
+        "(pip install 'turnrl[vllm]'; weights synced in place after every update)",
     )
     tasks_per_step: int = Field(4, ge=1, description="distinct tasks (seeds) per training step")
     group_size: int = Field(8, ge=1, description="episodes per task (GRPO group size)")
@@ -90,6 +91,27 @@ class AlgoConfig(_Section):
     mask_overlong: bool = Field(False, description="zero the advantage of responses cut by rollout.max_new_tokens")
     skip_zero_advantage: bool = Field(
         True, description="drop samples whose advantages are all zero (no policy gradient) before training"
+    )
+    critic: Literal["none", "head", "separate"] = Field(
+        "none", description="learned value function for the GAE estimators (ppo_token/ppo_turn/ppo_bilevel): 'head' = "
+        "a linear value head on the policy's last hidden state, trained jointly; 'separate' = a copy of the base model with a scalar head"
+    )
+    vf_coef: float = Field(0.5, ge=0.0, description="value-loss coefficient")
+    value_clip: float = Field(0.2, ge=0.0, description="PPO value clipping: |V - V_old| <= c in the value loss (0 = off)")
+    critic_lr: float = Field(5e-5, gt=0.0, description="learning rate of the value head ('head') or the whole value model ('separate')")
+    lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
+    gamma_token: float = Field(1.0, ge=0.0, le=1.0, description="per-token discount of token-level GAE and within a turn (bi-level)")
+    whiten_advantages: bool = Field(True, description="GAE estimators: whiten advantages over the batch's response tokens")
+    kl_in_reward: float = Field(
+        0.0, ge=0.0, description="beta of a KL(pi || ref) penalty subtracted from each turn's reward before credit (0 = off; needs model.reference)"
+    )
+    kl_target: float = Field(0.0, ge=0.0, description="adaptive KL-in-reward controller's target KL per turn (0 = fixed beta; Ziegler et al. 2019)")
+    kl_horizon: int = Field(10000, ge=1, description="adaptive KL controller horizon (in turns)")
+    reward_norm: Literal["none", "running"] = Field(
+        "none", description="'running': divide turn rewards by a running (Welford) std over all steps, saved in checkpoints"
+    )
+    gigpo_similarity: float = Field(
+        1.0, gt=0.0, le=1.0, description="GiGPO: anchors with token-Jaccard similarity >= this share a step-level group (1.0 = exact match)"
     )
 
 
@@ -160,6 +182,16 @@ class Config(_Section):
                              f"Valid: {', '.join(available_estimators())}")
         if self.algo.kl_coef > 0 and not self.model.reference:
             raise ValueError("algo.kl_coef > 0 needs a reference model: set model.reference=true")
+        if self.algo.kl_in_reward > 0 and not self.model.reference:
+            raise ValueError("algo.kl_in_reward > 0 needs a reference model: set model.reference=true")
+        from turnrl.credit import estimator_flag, get_estimator
+
+        needs_critic = estimator_flag(get_estimator(self.algo.estimator), "needs_critic")
+        if needs_critic and self.algo.critic == "none":
+            raise ValueError(f"algo.estimator={self.algo.estimator!r} needs a learned critic: set algo.critic=head (or separate)")
+        if not needs_critic and self.algo.critic != "none":
+            raise ValueError(f"algo.critic={self.algo.critic!r} is only used by the GAE estimators (ppo_token, ppo_turn, "
+                             f"ppo_bilevel), not {self.algo.estimator!r}: set algo.critic=none or pick one of them")
         train_end = self.train.seed_start + self.train.steps * self.rollout.tasks_per_step * self.algo.dynamic_sampling_rounds
         if self.train.seed_start <= self.eval.seed_start < train_end:
             raise ValueError(

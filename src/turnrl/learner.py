@@ -179,15 +179,16 @@ def response_logits(model, batch: _Batch) -> torch.Tensor:
 class Learner:
     """Owns the optimizer and turns TrainSamples into one optimizer step per call to :meth:`update`."""
 
-    def __init__(self, model, cfg, pad_id: int, ref_model=None) -> None:
+    def __init__(self, model, cfg, pad_id: int, ref_model=None, critic=None) -> None:
         self.model = model
         self.cfg = cfg  # turnrl.config.Config
         self.pad_id = pad_id
         self.ref_model = ref_model
+        self.critic = critic  # turnrl.critic.Critic or None; a value head joins this optimizer
         t = cfg.train
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay
-        )
+        groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
+        groups += critic.joint_param_groups() if critic is not None else []
+        self.optimizer = torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
         warm = t.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
 
@@ -196,8 +197,12 @@ class Learner:
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def update(self, samples: Sequence[TrainSample]) -> dict[str, float]:
-        """One optimizer step (per PPO epoch) over ``samples``; returns train/* metrics."""
+    def update(self, samples: Sequence[TrainSample], value_batch=None) -> dict[str, float]:
+        """One optimizer step (per PPO epoch) over ``samples``; returns train/* metrics.
+
+        With a critic, ``value_batch`` (a :class:`turnrl.critic.ValueBatch`) adds ``algo.vf_coef`` times the
+        clipped value loss to the same step (``head``) or steps the separate value model alongside.
+        """
         a = self.cfg.algo
         temperature = self.cfg.rollout.temperature
         metrics: dict[str, float] = {}
@@ -209,6 +214,8 @@ class Learner:
         self.model.train()
         for _ in range(a.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
+            if self.critic is not None:
+                self.critic.zero_grad()
             sums: dict[str, float] = {}
             maxima: dict[str, float] = {}
             for mb in batches:
@@ -248,12 +255,19 @@ class Learner:
                         maxima[k] = max(maxima.get(k, float("-inf")), float(v))
                     else:
                         _acc(sums, k, float(v) * n)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+            if self.critic is not None and value_batch is not None:
+                with self._autocast():
+                    for k, v in self.critic.backward_value_loss(value_batch, a.vf_coef).items():
+                        maxima[k] = v  # already a batch mean; the last epoch's value is logged
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
             if not math.isfinite(float(grad_norm)):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise FloatingPointError(f"gradient norm is {float(grad_norm)}; the update was skipped (weights unchanged)")
             self.optimizer.step()
             self.scheduler.step()
+            if self.critic is not None and (critic_norm := self.critic.step()) is not None:
+                maxima["critic_grad_norm"] = critic_norm
         metrics["train/loss"] = sums.pop("loss")
         for k, v in sums.items():
             metrics[f"train/{k}"] = v / max(num_tokens, 1.0)
@@ -270,11 +284,18 @@ class Learner:
         return metrics
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.critic is not None:
+            if "critic" not in state:
+                raise ValueError("the checkpoint has no critic state but algo.critic is set; resume with the run's own config")
+            self.critic.load_state_dict(state["critic"])
 
 
 def _acc(d: dict[str, float], k: str, v: float) -> None:

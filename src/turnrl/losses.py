@@ -118,6 +118,46 @@ def ppo_clip_loss(
     return loss, stats
 
 
+# --------------------------------------------------------------------------------------------- value loss
+
+
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float = 0.2
+) -> tuple[torch.Tensor, dict[str, float]]:
+    r"""PPO's clipped value loss per position (Schulman et al. 2017; the "PPO2" form of OpenAI baselines).
+
+        V_clip = V_old + clip(V - V_old, -c, c)
+        loss   = 0.5 * max((V - R)^2, (V_clip - R)^2)          c = ``clip``; c = 0 means no clipping:
+        loss   = 0.5 * (V - R)^2
+
+    Where the clipped branch is the larger one and V is outside [V_old - c, V_old + c], the loss is a
+    constant in V and its gradient is 0 (the value cannot move further from V_old in one update).
+
+    Shapes: all (batch, seq_len); ``mask`` is 1 on positions that have a value target.
+    Returns the per-position loss (0 where masked out) and stats ``value_clip_frac``, ``value_error``
+    (mean |V - R|), means over masked positions.
+    """
+    m = mask.bool()
+    old_values, returns = old_values.detach(), returns.detach()
+    err = (values - returns) ** 2
+    if clip > 0:
+        v_clip = old_values + (values - old_values).clamp(-clip, clip)
+        err_clip = (v_clip - returns) ** 2
+        loss = 0.5 * torch.maximum(err, err_clip)
+        active = (err_clip > err) & ((values - old_values).abs() > clip)
+    else:
+        loss = 0.5 * err
+        active = torch.zeros_like(m)
+    loss = torch.where(m, loss, torch.zeros_like(loss))
+    with torch.no_grad():
+        n = max(int(m.sum()), 1)
+        stats = {
+            "value_clip_frac": float((active & m).sum()) / n,
+            "value_error": float(((values - returns).abs() * m).sum()) / n,
+        }
+    return loss, stats
+
+
 # --------------------------------------------------------------------------------------------- aggregation
 
 

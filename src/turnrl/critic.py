@@ -1,0 +1,231 @@
+"""A learned critic V(s) for the GAE estimators (``algo.critic: head | separate``).
+
+- ``head``: a linear layer on the policy's last hidden state. The policy's outputs are unchanged (the head
+  only reads its hidden states); the value loss back-propagates into the shared trunk and the head is a
+  parameter group of the policy's optimizer (lr ``algo.critic_lr``), so both are trained by the same step.
+- ``separate``: a trainable copy of the base model with its own scalar head and its own AdamW
+  (lr ``algo.critic_lr``); the policy never sees its gradients.
+
+Where values are read. A sequence (one turn's prompt + response with ``per_step`` context, or the whole
+conversation with ``full``) is run once; the hidden state at position p summarises tokens 0..p, so the
+value at p is V of the state *just before token p + 1*. The value of response token k of a turn whose
+response starts at index P is therefore read at position P + k - 1; the turn-level value is the one before
+the turn's first response token (P - 1); the bootstrap value of a trajectory is read after its last
+response token (the env's next observation is not recorded in the trajectory, so this post-action state
+stands in for the next state: a deviation from textbook bootstrapping that only matters on truncation).
+
+The value head starts at zero (weights and bias), so the first GAE step sees V = 0 everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from turnrl import losses
+from turnrl.credit.base import ValueInputs
+from turnrl.types import Termination, Trajectory
+
+
+@dataclass
+class ValueBatch:
+    """What the value loss trains on, one entry per trajectory / turn / response token.
+
+    ``returns`` and ``mask`` come from the estimator's ``value_targets`` (mask 1 = this position has a
+    target); ``old_values`` are the predictions GAE used (the centre of the value clip).
+    """
+
+    trajectories: list[Trajectory]
+    returns: list[list[list[float]]]
+    mask: list[list[list[int]]]
+    old_values: list[list[list[float]]]
+
+
+@dataclass
+class _Seq:
+    ids: list[int]
+    positions: list[list[int]]  # per turn covered: the positions whose value is V before each response token
+    turns: list[int]  # which turns of the trajectory those are
+    traj: int
+    last: int  # position after the trajectory's last response token (-1 if this sequence does not hold it)
+
+
+def _layout(trajectories: Sequence[Trajectory]) -> list[_Seq]:
+    seqs: list[_Seq] = []
+    for i, traj in enumerate(trajectories):
+        if traj.context == "full":
+            ids: list[int] = []
+            pos: list[list[int]] = []
+            for turn in traj.turns:
+                ids += turn.prompt_ids
+                start = len(ids)
+                pos.append([max(start + k - 1, 0) for k in range(len(turn.response_ids))])
+                ids += turn.response_ids
+            if ids:
+                seqs.append(_Seq(ids, pos, list(range(len(traj.turns))), i, len(ids) - 1))
+            continue
+        for j, turn in enumerate(traj.turns):
+            ids = turn.prompt_ids + turn.response_ids
+            if not ids:
+                continue
+            p = len(turn.prompt_ids)
+            last = len(ids) - 1 if j == len(traj.turns) - 1 else -1
+            seqs.append(_Seq(ids, [[max(p + k - 1, 0) for k in range(len(turn.response_ids))]], [j], i, last))
+    return seqs
+
+
+def _chunks(seqs: list[_Seq], token_budget: int) -> list[list[_Seq]]:
+    order = sorted(seqs, key=len_ids)
+    out: list[list[_Seq]] = []
+    cur: list[_Seq] = []
+    for s in order:
+        if cur and (len(cur) + 1) * len(s.ids) > token_budget:
+            out.append(cur)
+            cur = []
+        cur.append(s)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def len_ids(s: _Seq) -> int:
+    return len(s.ids)
+
+
+class Critic:
+    """V(s) at token positions; see the module docstring for the two modes and the position convention."""
+
+    def __init__(self, policy, mode: str, *, lr: float, value_clip: float, grad_clip: float, pad_id: int,
+                 micro_batch_tokens: int = 4096, autocast_bf16: bool = False) -> None:
+        if mode not in ("head", "separate"):
+            raise ValueError(f"critic mode must be 'head' or 'separate' (got {mode!r}); algo.critic=none means no critic")
+        self.mode = mode
+        self.value_clip = value_clip
+        self.grad_clip = grad_clip
+        self.pad_id = pad_id
+        self.micro_batch_tokens = micro_batch_tokens
+        self.autocast_bf16 = autocast_bf16
+        if mode == "head":
+            self.trunk = policy
+        else:
+            self.trunk = copy.deepcopy(policy)
+            self.trunk.train()
+            for p in self.trunk.parameters():
+                p.requires_grad_(True)
+        self.head = torch.nn.Linear(policy.config.hidden_size, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+        self.lr = lr
+        self.optimizer = (
+            torch.optim.AdamW(list(self.trunk.parameters()) + list(self.head.parameters()), lr=lr) if mode == "separate" else None
+        )
+
+    def joint_param_groups(self) -> list[dict]:
+        """Optimizer parameter groups the policy's optimizer must own (the head, in ``head`` mode)."""
+        return [{"params": list(self.head.parameters()), "lr": self.lr}] if self.mode == "head" else []
+
+    # ------------------------------------------------------------------ forward
+
+    def _autocast(self):
+        return torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast_bf16 else contextlib.nullcontext()
+
+    def _values(self, chunk: list[_Seq]) -> torch.Tensor:
+        """Values at every position of the right-padded chunk. Shape: (batch, max_len), fp32."""
+        L = max(len(s.ids) for s in chunk)
+        ids = torch.full((len(chunk), L), self.pad_id, dtype=torch.long)
+        att = torch.zeros((len(chunk), L), dtype=torch.long)
+        for b, s in enumerate(chunk):
+            ids[b, : len(s.ids)] = torch.tensor(s.ids)
+            att[b, : len(s.ids)] = 1
+        with self._autocast():
+            out = self.trunk(input_ids=ids, attention_mask=att, output_hidden_states=True, logits_to_keep=1, use_cache=False)
+        return self.head(out.hidden_states[-1].float()).squeeze(-1)
+
+    @torch.no_grad()
+    def predict(self, trajectories: Sequence[Trajectory]) -> ValueInputs:
+        """Token values of every response token and each trajectory's bootstrap value (no gradient)."""
+        token_values = [[[0.0] * len(turn.response_ids) for turn in t.turns] for t in trajectories]
+        bootstrap = [0.0] * len(trajectories)
+        for chunk in _chunks(_layout(trajectories), self.micro_batch_tokens):
+            v = self._values(chunk)
+            for b, s in enumerate(chunk):
+                for j, pos in zip(s.turns, s.positions):
+                    token_values[s.traj][j] = v[b, pos].tolist() if pos else []
+                if s.last >= 0:
+                    bootstrap[s.traj] = float(v[b, s.last])
+        return ValueInputs(token_values=token_values, bootstrap=bootstrap)
+
+    # ------------------------------------------------------------------ training
+
+    def zero_grad(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.head.zero_grad(set_to_none=True)
+
+    def backward_value_loss(self, batch: ValueBatch, coef: float) -> dict[str, float]:
+        """Accumulate ``coef * mean clipped value loss`` gradients (mean over every target position of the batch).
+
+        Trajectories that ended in an env error are skipped. Returns ``value_loss``, ``value_clip_frac``,
+        ``value_error``, ``value_mean`` and ``return_mean`` (logged as ``train/<key>``).
+        """
+        keep = [t.termination != Termination.ENV_ERROR for t in batch.trajectories]
+        total = sum(sum(sum(m) for m in turns) for k, turns in zip(keep, batch.mask) if k)
+        sums = {"value_loss": 0.0, "value_clip_frac": 0.0, "value_error": 0.0, "value_mean": 0.0, "return_mean": 0.0}
+        if total == 0:
+            return sums
+        seqs = [s for s in _layout(batch.trajectories) if keep[s.traj]]
+        for chunk in _chunks(seqs, self.micro_batch_tokens):
+            rows, cols, old, ret = [], [], [], []
+            for b, s in enumerate(chunk):
+                for j, pos in zip(s.turns, s.positions):
+                    for k, p in enumerate(pos):
+                        if batch.mask[s.traj][j][k]:
+                            rows.append(b)
+                            cols.append(p)
+                            old.append(batch.old_values[s.traj][j][k])
+                            ret.append(batch.returns[s.traj][j][k])
+            if not rows:
+                continue
+            v = self._values(chunk)[torch.tensor(rows), torch.tensor(cols)]
+            old_t, ret_t = torch.tensor(old), torch.tensor(ret)
+            per, stats = losses.clipped_value_loss(v, old_t, ret_t, torch.ones_like(v), self.value_clip)
+            loss = per.sum() / total
+            (coef * loss).backward()
+            n = len(rows)
+            sums["value_loss"] += float(loss.detach())
+            sums["value_clip_frac"] += stats["value_clip_frac"] * n / total
+            sums["value_error"] += stats["value_error"] * n / total
+            sums["value_mean"] += float(v.detach().sum()) / total
+            sums["return_mean"] += float(ret_t.sum()) / total
+        return sums
+
+    def step(self) -> float | None:
+        """Separate model: clip and apply its own optimizer step; returns its grad norm. Head: nothing (the policy's step)."""
+        if self.optimizer is None:
+            return None
+        params = list(self.trunk.parameters()) + list(self.head.parameters())
+        norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
+        self.optimizer.step()
+        return norm
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict:
+        state = {"mode": self.mode, "head": self.head.state_dict()}
+        if self.optimizer is not None:
+            state["trunk"] = self.trunk.state_dict()
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("mode") != self.mode:
+            raise ValueError(f"checkpoint critic mode {state.get('mode')!r} differs from algo.critic={self.mode!r}")
+        self.head.load_state_dict(state["head"])
+        if self.optimizer is not None:
+            self.trunk.load_state_dict(state["trunk"])
+            self.optimizer.load_state_dict(state["optimizer"])
