@@ -1,4 +1,4 @@
-"""`turnrl train | eval | play | envs`."""
+"""`turnrl train | eval | play | watch | report | envs`."""
 
 from __future__ import annotations
 
@@ -144,6 +144,14 @@ def cmd_watch(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from turnrl.monitor.report import write_report
+
+    out = write_report(Path(args.run), Path(args.output) if args.output else None, max_trajectories=args.max_trajectories)
+    print(f"report: {out}")
+    return 0
+
+
 def cmd_envs(args) -> int:
     from turnrl.envs import registered
 
@@ -190,6 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--once", action="store_true", help="print the view once and exit")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     p.set_defaults(fn=cmd_watch)
+
+    p = sub.add_parser("report", help="write one self-contained HTML file: curves, alerts, config and a token-level "
+                                      "trajectory viewer")
+    p.add_argument("run", help="a run directory")
+    p.add_argument("-o", "--output", help="output file (default: RUN/report.html)")
+    p.add_argument("--max-trajectories", type=int, default=200,
+                   help="embed at most this many trajectories, from evenly spaced steps (default 200)")
+    p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("envs", help="list registered environments")
     p.set_defaults(fn=cmd_envs)
