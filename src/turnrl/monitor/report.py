@@ -339,6 +339,14 @@ function seriesFor(names) {
   }
   return out.filter(k => D.metrics[k].some(p => p[1] !== null));
 }
+function niceTicks(lo, hi) {  // about five round values covering [lo, hi]
+  const raw = (hi - lo) / 4, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 2.5, 5, 10].map(m => m * mag).find(s => s >= raw);
+  const out = [];
+  for (let v = Math.floor(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(+v.toPrecision(12));
+  if (out[out.length - 1] < hi) out.push(+(out[out.length - 1] + step).toPrecision(12));
+  return out;
+}
 function drawChart(title, names) {
   const W = 440, H = 220, L = 52, R = 10, T = 10, B = 28;
   const pts = names.flatMap(n => D.metrics[n]);
@@ -350,16 +358,15 @@ function drawChart(title, names) {
   const box = el("div", {class: "chart", "data-title": title});
   box.appendChild(el("h3", {}, title));
   const svg = svgEl("svg", {viewBox: `0 0 ${W} ${H}`, role: "img"});
-  for (let i = 0; i <= 4; i++) {
-    const y = y0 + (y1 - y0) * i / 4;
+  [y0, y1] = [Math.min(y0, niceTicks(y0, y1)[0]), Math.max(y1, niceTicks(y0, y1).slice(-1)[0])];
+  for (const y of niceTicks(y0, y1)) {
     svg.appendChild(svgEl("line", {x1: L, x2: W - R, y1: sy(y), y2: sy(y), stroke: "#eee"}));
     const t = svgEl("text", {x: L - 4, y: sy(y) + 4, "text-anchor": "end", "font-size": 10, fill: "#666"});
     t.textContent = fmt(y); svg.appendChild(t);
   }
-  for (let i = 0; i <= 4; i++) {
-    const x = x0 + (x1 - x0) * i / 4;
+  for (const x of niceTicks(x0, x1).filter(x => x >= x0 && x <= x1 && Number.isInteger(x))) {
     const t = svgEl("text", {x: sx(x), y: H - 10, "text-anchor": "middle", "font-size": 10, fill: "#666"});
-    t.textContent = fmt(Math.round(x * 10) / 10); svg.appendChild(t);
+    t.textContent = fmt(x); svg.appendChild(t);
   }
   for (const a of D.alerts) {  // a red marker at each alert's step
     if (typeof a.step !== "number" || a.step < x0 || a.step > x1) continue;
@@ -433,10 +440,13 @@ for (const o of colorSel.options) {
     o.disabled = true; o.textContent += " (not recorded in this run)";
   }
 }
-function range(key) {  // colour scale over every embedded token, so colours compare across trajectories
-  let lo = Infinity, hi = -Infinity;
-  for (const t of D.trajectories) for (const u of t.turns) for (const v of (u[key] || [])) if (v !== null) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
-  return [lo, hi];
+function range(key) {  // 2nd-98th percentile of every embedded token: colours compare across trajectories
+  const vals = [];  // and one outlier does not wash out the rest
+  for (const t of D.trajectories) for (const u of t.turns) for (const v of (u[key] || [])) if (v !== null) vals.push(v);
+  if (!vals.length) return [0, 0];
+  vals.sort((a, b) => a - b);
+  const q = f => vals[Math.min(vals.length - 1, Math.floor(f * (vals.length - 1) + 0.5))];
+  return [q(0.02), q(0.98)];
 }
 const RANGES = {advantage: range("advantage"), logprob: range("logprob"), entropy: range("entropy")};
 function mix(a, b, f) { return `rgb(${a.map((x, i) => Math.round(x + (b[i] - x) * f)).join(",")})`; }
@@ -497,6 +507,10 @@ function renderTrajectory() {
       toks.appendChild(s);
     });
     div.appendChild(toks);
+    const det = el("details", {});
+    det.appendChild(el("summary", {class: "meta"}, "response text (as the env received it)"));
+    det.appendChild(el("div", {class: "resp"}, u.response));
+    div.appendChild(det);
     const actions = u.actions.length ? u.actions.join(", ") : "(none parsed)";
     const comps = Object.entries(u.reward_components).map(([k, v]) => `${k} ${fmt(v)}`).join(", ");
     const meta = el("div", {class: "meta"});
