@@ -374,3 +374,25 @@ def test_gpu_check_script_runs_end_to_end_on_the_fake(fake_vllm, tokenizer, mode
     assert rows["sampled (T=0.7) logprob vs learner recompute"]["value"] < 1e-4
     assert rows["after sync: greedy ids identical"]["pass"] and rows["vLLM generated tokens/s"]["value"] > 0
     assert "FAIL" not in out
+
+
+def test_training_with_rollout_engine_vllm_syncs_the_learner_each_step(fake_vllm, tokenizer, model, tmp_path):
+    """`rollout.engine=vllm` through the real trainer: vLLM (faked at its import boundary) samples, and after every
+    update the learner's tensors reach it by name and the version advances with the steps."""
+    from turnrl.config import load_config
+    from turnrl.train import build, train
+
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    cfg = load_config(None, [f"model.path={tmp_path / 'm'}", "rollout.engine=vllm", "model.autocast_bf16=false",
+                             "train.steps=2", "rollout.tasks_per_step=1", "rollout.group_size=2", "env.max_turns=2",
+                             "eval.every=0", "eval.at_start=false", "log.progress=false", "log.tensorboard=false",
+                             f"log.run_dir={tmp_path / 'runs'}", "log.checkpoint_every=0"])
+    c = build(cfg, model=model, tokenizer=tokenizer)
+    assert isinstance(c.engine, VLLMEngine)
+    train(cfg, components=c)
+    llm = FakeLLM.instances[-1]
+    assert c.engine.version == 2
+    assert set(llm.model.loaded) >= {n for n, _ in model.named_parameters()}
+    for name, p in model.named_parameters():  # vLLM holds exactly the learner's weights after the last sync
+        assert torch.equal(dict(llm.model.hf.named_parameters())[name], p.detach()), name

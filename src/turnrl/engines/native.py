@@ -146,7 +146,7 @@ class NativeEngine:
         self._driver: asyncio.Task | None = None
         self._prefix: tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
         self.counters = {
-            "prefill_tokens": 0, "decode_tokens": 0, "reused_tokens": 0, "evictions": 0, "ticks": 0,
+            "prefill_tokens": 0, "decode_tokens": 0, "decode_kv": 0, "reused_tokens": 0, "evictions": 0, "ticks": 0,
             "prefill_s": 0.0, "decode_s": 0.0,
         }
         self._load_weights()
@@ -347,6 +347,7 @@ class NativeEngine:
 
     def _decode(self, reqs: list[_Request]) -> None:
         self.counters["decode_tokens"] += len(reqs)
+        self.counters["decode_kv"] += sum(len(r.seq.tokens) + 1 for r in reqs)  # attended positions (for FLOP counts)
         logits = self._decode_step(reqs)
         for r in reqs:
             r.seq.tokens.append(r.out[-1])

@@ -1,0 +1,152 @@
+"""Rollout throughput: the HF reference engine against the native engine on the default multi-turn workload.
+
+Workload: the default recipe's rollouts (configs/default.yaml): the embedded SmolLM2-135M, FrozenLake 4x4
+random maps, 4 tasks x 8 episodes, up to 8 turns, 6 new tokens per turn, temperature 1, the two few-shot
+exchanges, under the default ``per_step`` context and under ``full`` (one growing conversation). Every
+engine runs the same seeds; each engine is warmed up on other seeds first (CPU kernels are built per
+shape), then the measured rounds alternate between engines so machine noise hits them alike.
+
+Engines:
+- ``hf-naive``: the HF engine re-prefilling every prompt from scratch each turn (as naive loops do);
+- ``hf``: the shipped HF engine (computes the prompt head the batch shares once per call);
+- ``native``: KV caches kept across turns, a prefix store, continuous batching, bf16 weights.
+
+Printed: generated tokens/s (generated tokens / generation wall time), prefilled tokens, the ratio of each
+to ``hf-naive`` and ``hf``; the machine's bf16 matmul peak measured here and the native engine's achieved
+FLOP/s in decode and prefill as a fraction of it.
+
+    python bench/rollout.py [--rounds 2] [--contexts per_step full] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def matmul_peak() -> float:
+    """Best bf16 GFLOP/s over a few large matmuls (warm)."""
+    best = 0.0
+    for m, k, n in ((2048, 2048, 2048), (1024, 576, 3072), (4096, 1024, 1024)):
+        a, b = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16)
+        for _ in range(5):
+            torch.nn.functional.linear(a, b)
+        reps = 20
+        t = time.perf_counter()
+        for _ in range(reps):
+            torch.nn.functional.linear(a, b)
+        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def model_flops(model) -> tuple[float, float]:
+    """(matmul FLOPs per token incl. the LM head, attention FLOPs per token per attended position)."""
+    cfg = model.config
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_layer = 0
+    for layer in model.model.layers[:1]:
+        per_layer = sum(p.numel() for n, p in layer.named_parameters() if n.endswith("proj.weight"))
+    params = per_layer * cfg.num_hidden_layers + model.get_output_embeddings().weight.numel()
+    attn = 4 * cfg.num_attention_heads * hd * cfg.num_hidden_layers  # QK^T and PV
+    return 2.0 * params, float(attn)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2, help="measured collections per engine and context")
+    ap.add_argument("--contexts", nargs="+", default=["per_step", "full"], choices=["per_step", "full"])
+    ap.add_argument("--no-write", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    args = ap.parse_args()
+
+    from turnrl.config import load_config
+    from turnrl.engines import HFEngine, SamplingParams
+    from turnrl.engines.native import NativeEngine
+    from turnrl.envs import make
+    from turnrl.models import load_model, load_tokenizer
+    from turnrl.rollout import Collector, ContextSpec
+
+    torch.set_num_threads(len(__import__("os").sched_getaffinity(0)))
+    cfg = load_config(ROOT / "configs" / "default.yaml")
+    tok = load_tokenizer(cfg.model.path)
+    model = load_model(cfg.model.path)
+    env_kwargs = dict(max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty, progress_reward=cfg.env.progress_reward)
+    sp = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature)
+    T, G = cfg.rollout.tasks_per_step, cfg.rollout.group_size
+    peak = matmul_peak()
+    print(f"bf16 matmul peak measured here: {peak:.0f} GFLOP/s", flush=True)
+    mm_flops, attn_flops = model_flops(model)
+
+    lines = []
+    for context in args.contexts:
+        ctx = ContextSpec(context, few_shot=cfg.rollout.few_shot, max_context_tokens=cfg.rollout.max_context_tokens)
+        engines = {
+            "hf-naive": HFEngine(model, tok, autocast_bf16=True, min_shared_prefix=10**9),
+            "hf": HFEngine(model, tok, autocast_bf16=True),
+            "native": NativeEngine(model, tok, dtype="bf16", max_slots=T * G, max_len=cfg.rollout.max_context_tokens),
+        }
+        if context == "full":  # the head is the only thing shared; hf-naive and hf differ only in it
+            engines.pop("hf-naive")
+        tot = {name: {"gen_s": 0.0, "gen_tok": 0, "prompt_tok": 0, "episodes": 0, "turns": 0} for name in engines}
+        counters = {k: 0.0 for k in ("prefill_tokens", "decode_tokens", "prefill_s", "decode_s", "decode_kv")}
+        for name, eng in engines.items():  # warm-up on other seeds
+            Collector(eng, tok, lambda: make(cfg.env.id, **env_kwargs), ctx).collect(list(range(900, 900 + T)), G, sp)
+        for r in range(args.rounds):
+            seeds = list(range(r * T, (r + 1) * T))
+            for name, eng in engines.items():
+                if name == "native":
+                    before = dict(eng.counters)
+                col = Collector(eng, tok, lambda: make(cfg.env.id, **env_kwargs), ctx)
+                groups = col.collect(seeds, G, sp)
+                s = tot[name]
+                s["gen_s"] += col.stats.generate_s
+                s["gen_tok"] += col.stats.generated_tokens
+                s["prompt_tok"] += col.stats.prompt_tokens
+                s["episodes"] += sum(len(g.trajectories) for g in groups)
+                s["turns"] += sum(len(t.turns) for g in groups for t in g.trajectories)
+                if name == "native":
+                    for k in counters:
+                        counters[k] += eng.counters[k] - before[k]
+                print(f"[{context}] round {r + 1} {name:9s} {col.stats.generate_s:6.1f} s  "
+                      f"{col.stats.generated_tokens / col.stats.generate_s:7.1f} generated tok/s", flush=True)
+        rate = {n: s["gen_tok"] / s["gen_s"] for n, s in tot.items()}
+        decode_flops = counters["decode_tokens"] * mm_flops + counters["decode_kv"] * attn_flops
+        prefill_flops = counters["prefill_tokens"] * mm_flops  # attention left out: a lower bound
+        dec = decode_flops / counters["decode_s"] / 1e9 if counters["decode_s"] else float("nan")
+        pre = prefill_flops / counters["prefill_s"] / 1e9 if counters["prefill_s"] else float("nan")
+        lines.append(f"**context `{context}`** ({args.rounds} rounds x {T * G} episodes per engine):\n")
+        lines.append("| engine | generation s | generated tokens | turns | prompt tokens (logical) | generated tok/s | vs hf-naive | vs hf |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        base = rate.get("hf-naive")
+        for n, s in tot.items():
+            vs_naive = f"{rate[n] / base:.2f}x" if base else "n/a"
+            lines.append(f"| {n} | {s['gen_s']:.1f} | {s['gen_tok']} | {s['turns']} | {s['prompt_tok']} | {rate[n]:.1f} | {vs_naive} | {rate[n] / rate['hf']:.2f}x |")
+        lines.append(
+            f"\nnative engine: prefilled {int(counters['prefill_tokens'])} tokens of {tot['native']['prompt_tok']} logical prompt tokens "
+            f"({counters['prefill_tokens'] / max(1, tot['native']['prompt_tok']):.1%}); decode {dec:.0f} GFLOP/s = "
+            f"{dec / peak:.1%} of the {peak:.0f} GFLOP/s bf16 matmul peak; prefill >= {pre:.0f} GFLOP/s = {pre / peak:.1%}; "
+            f"time in prefill {counters['prefill_s']:.1f} s, decode {counters['decode_s']:.1f} s.\n"
+        )
+    report = "\n".join(lines)
+    print("\n" + report)
+    if not args.no_write:
+        head = (
+            f"\n### Rollout engines — {time.strftime('%Y-%m-%d %H:%M')}\n\n"
+            f"Command: `python bench/rollout.py --rounds {args.rounds} --contexts {' '.join(args.contexts)}` "
+            f"({platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}). Default workload: "
+            f"SmolLM2-135M, FrozenLake 4x4, {T} tasks x {G} episodes, <= {cfg.env.max_turns} turns, {cfg.rollout.max_new_tokens} "
+            "new tokens per turn, temperature 1; same seeds for every engine, each warmed up first.\n\n"
+        )
+        with (ROOT / "bench" / "RESULTS.md").open("a") as f:
+            f.write(head + report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
