@@ -121,3 +121,34 @@ def test_value_loss_goes_down_on_a_fixed_batch(tiny_model, tokenizer, mode):
     other = Critic(tiny_model, mode, lr=1e-3, value_clip=0.2, grad_clip=1.0, pad_id=tokenizer.pad_token_id)
     other.load_state_dict(state["critic"])
     assert torch.equal(other.head.weight, critic.head.weight)
+
+
+# ------------------------------------------------------------------ the training loop with a critic
+
+
+@pytest.mark.parametrize("estimator", ["ppo_turn", "ppo_token", "ppo_bilevel"])
+def test_smoke_run_with_a_critic_checkpoints_and_resumes(tmp_path, tokenizer, estimator):
+    from tests.test_train import _run
+    from turnrl.monitor.sinks import read_metrics
+
+    common = [f"algo.estimator={estimator}", "algo.critic=head", "eval.every=0", "eval.at_start=false", "log.checkpoint_every=1"]
+    run_dir, c = _run(tmp_path, tokenizer, common, "ppo", steps=1)
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert rows[-1]["train/value_loss"] > 0 and "train/value_error" in rows[-1]
+    head = c.learner.critic.head.weight.detach().clone()
+    assert head.abs().sum() > 0  # the zero-initialised head was trained
+    _, resumed = _run(tmp_path, tokenizer, common, "ppo", resume=True)  # to step 2, from the step-1 checkpoint
+    assert resumed.learner.critic is not None and rows[-1]["step"] == 1
+
+
+def test_smoke_run_with_kl_in_reward_and_running_reward_norm(tmp_path, tokenizer):
+    from tests.test_train import _run
+    from turnrl.monitor.sinks import read_metrics
+
+    run_dir, c = _run(tmp_path, tokenizer, ["model.reference=true", "algo.kl_in_reward=0.1", "algo.kl_target=0.01",
+                                            "algo.reward_norm=running", "eval.every=0", "eval.at_start=false"], "klr")
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert "rollout/reward/kl" in rows[-1] and "rollout/reward/norm" in rows[-1]
+    assert rows[-1]["train/kl_reward_beta"] != 0.1  # the adaptive controller moved beta after step 1
+    state = torch.load(run_dir / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
+    assert state["reward_shaper"]["norm"]["count"] == 2 * 2 * 2 * 2  # steps x tasks x copies x turns

@@ -283,6 +283,34 @@ class Learner:
         )
         return metrics
 
+    @torch.no_grad()
+    def reference_turn_kl(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
+        """Per turn, sum over its response tokens of ``behaviour_logprob - ref_logprob`` (k1 estimate of KL(pi || ref)).
+
+        Runs the frozen reference model over the same samples the learner trains on. Env-error
+        trajectories and empty responses get 0.
+        """
+        if self.ref_model is None:
+            raise ValueError("KL in the reward needs a reference model: set model.reference=true")
+        out = [[0.0] * len(t.turns) for t in trajectories]
+        samples = build_samples(trajectories, [[0.0] * len(t.turns) for t in trajectories])
+        temperature = self.cfg.rollout.temperature
+        for mb in micro_batches(samples, self.cfg.train.micro_batch_tokens):
+            batch = collate(mb, self.pad_id)
+            with self._autocast():
+                ref_logits = response_logits(self.ref_model, batch)
+            ref = losses.token_logprobs(ref_logits.float(), batch.targets, temperature)
+            for b, s in enumerate(mb):
+                m = batch.mask[b].bool()
+                kl = (batch.old_logprobs[b][m] - ref[b][m]).tolist()  # loss tokens in order
+                turns = range(len(trajectories[s.traj_index].turns)) if s.turn_index < 0 else [s.turn_index]
+                k = 0
+                for j in turns:
+                    n = len(trajectories[s.traj_index].turns[j].response_ids)
+                    out[s.traj_index][j] = float(sum(kl[k : k + n]))
+                    k += n
+        return out
+
     def state_dict(self) -> dict:
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
         if self.critic is not None:

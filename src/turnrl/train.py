@@ -34,7 +34,8 @@ import yaml
 from turnrl import checkpoint, credit
 from turnrl.config import Config, ConfigError
 from turnrl.credit.filters import apply_group_mask, keep_informative_groups, mask_overlong
-from turnrl.credit.rewards import apply_process_rewards, clip_rewards, load_prm
+from turnrl.credit.rewards import RewardShaper, apply_process_rewards, clip_rewards, load_prm
+from turnrl.critic import Critic, ValueBatch
 from turnrl.engines import Engine, HFEngine, SamplingParams
 from turnrl.envs import make
 from turnrl.learner import Learner, build_samples
@@ -55,6 +56,7 @@ class Components:
     engine: Engine
     collector: Collector
     learner: Learner
+    shaper: RewardShaper | None = None  # KL-in-reward and running reward normalisation (None when both are off)
 
 
 def build(cfg: Config, model=None, tokenizer=None) -> Components:
@@ -81,8 +83,17 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
     engine = make_engine(cfg, model, tokenizer)
     ctx = ContextSpec(cfg.rollout.context, cfg.rollout.history_turns, cfg.rollout.few_shot, cfg.rollout.max_context_tokens)
     collector = Collector(engine, tokenizer, lambda: make(cfg.env.id, **env_kwargs), ctx)
-    learner = Learner(model, cfg, pad_id=tokenizer.pad_token_id, ref_model=ref)
-    return Components(cfg, model, tokenizer, engine, collector, learner)
+    a = cfg.algo
+    critic = None
+    if a.critic != "none":
+        critic = Critic(model, a.critic, lr=a.critic_lr, value_clip=a.value_clip, grad_clip=cfg.train.grad_clip,
+                        pad_id=tokenizer.pad_token_id, micro_batch_tokens=cfg.train.micro_batch_tokens,
+                        autocast_bf16=cfg.model.autocast_bf16)
+    learner = Learner(model, cfg, pad_id=tokenizer.pad_token_id, ref_model=ref, critic=critic)
+    shaper = None
+    if a.kl_in_reward > 0 or a.reward_norm == "running":
+        shaper = RewardShaper(a.kl_in_reward, a.kl_target, a.kl_horizon, normalise=a.reward_norm == "running")
+    return Components(cfg, model, tokenizer, engine, collector, learner, shaper)
 
 
 def make_engine(cfg: Config, model, tokenizer):
@@ -258,7 +269,7 @@ def write_trajectories(run_dir: Path, step: int, groups: list[TrajectoryGroup], 
                 "response_ids": t.response_ids,
                 "logprobs": t.logprobs,
                 "advantage": a,
-                "token_advantages": [float(a)] * n,
+                "token_advantages": [float(x) for x in a] if isinstance(a, list) else [float(a)] * n,  # token-level estimators give a list
                 "actions": t.actions,
                 "valid": t.valid,
                 "reward": t.reward,
@@ -291,12 +302,42 @@ def write_trajectories(run_dir: Path, step: int, groups: list[TrajectoryGroup], 
             f.write(json.dumps(r) + "\n")
 
 
-def assign_credit(cfg: Config, groups: list[TrajectoryGroup], estimator, params, prm) -> list[list[float]]:
-    """Per-turn advantages: reward transforms (PRM, clipping), the estimator, then batch shaping."""
+def credit_inputs(c: Components, groups: list[TrajectoryGroup], estimator, params: credit.CreditParams) -> credit.CreditParams:
+    """``params`` plus what the estimator declares it needs: critic values, greedy-rollout baselines.
+
+    The loop never asks which estimator it holds: ``needs_critic`` makes the critic predict values for the
+    batch, ``needs_greedy_baseline`` collects one greedy episode per task (not trained on; raw env reward).
+    """
+    import dataclasses
+
+    trajectories = [t for g in groups for t in g.trajectories]
+    if credit.estimator_flag(estimator, "needs_critic"):
+        params = dataclasses.replace(params, values=c.learner.critic.predict(trajectories))
+    if credit.estimator_flag(estimator, "needs_greedy_baseline"):
+        greedy = c.collector.collect([g.seed for g in groups], 1, sampling_params(c.cfg, greedy=True), env_id=c.cfg.env.id)
+        by_seed = {g.seed: g.trajectories[0].total_reward for g in greedy}
+        params = dataclasses.replace(params, baseline_rewards=tuple(by_seed[g.seed] for g in groups))
+    return params
+
+
+def value_batch(c: Components, groups: list[TrajectoryGroup], estimator, params: credit.CreditParams) -> ValueBatch | None:
+    """The critic's training targets from the estimator's ``value_targets`` (None without a critic)."""
+    if c.learner.critic is None:
+        return None
+    returns, mask = estimator.value_targets(groups, params)
+    return ValueBatch([t for g in groups for t in g.trajectories], returns, mask, params.values.token_values)
+
+
+def assign_credit(cfg: Config, groups: list[TrajectoryGroup], estimator, params, prm, c: Components | None = None) -> list[list[float]]:
+    """Per-turn advantages: reward transforms (PRM, clipping, KL penalty, normalisation), the estimator, then batch shaping."""
     if prm is not None:
         apply_process_rewards(groups, prm, cfg.algo.prm_weight)
     if cfg.algo.reward_clip > 0:
         clip_rewards(groups, cfg.algo.reward_clip)
+    if c is not None and c.shaper is not None:
+        trajectories = [t for g in groups for t in g.trajectories]
+        kl = c.learner.reference_turn_kl(trajectories) if cfg.algo.kl_in_reward > 0 else None
+        c.shaper.apply(groups, kl)
     advantages = estimator(groups, params)
     if cfg.algo.group_keep_fraction < 1.0:
         advantages = apply_group_mask(groups, advantages, keep_informative_groups(groups, cfg.algo.group_keep_fraction))
@@ -307,7 +348,7 @@ def assign_credit(cfg: Config, groups: list[TrajectoryGroup], estimator, params,
 
 def step_metrics(c: Components, advantages, samples, t_rollout: float, t_train: float, t_start: float) -> dict[str, float]:
     """Advantage statistics and perf/* timings of one step."""
-    flat_adv = [a for adv in advantages for a in adv]
+    flat_adv = [x for adv in advantages for a in adv for x in (a if isinstance(a, list) else [a])]
     st = c.collector.stats
     return {
         "train/advantage_mean": float(np.mean(flat_adv)) if flat_adv else 0.0,
@@ -339,6 +380,8 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         load_weights(c.model, ckpt / "model" / "model.safetensors", strict=False)
         c.learner.load_state_dict(state["learner"])
         c.engine.load_state_dict(state["engine"])
+        if c.shaper is not None and "reward_shaper" in state:
+            c.shaper.load_state_dict(state["reward_shaper"])
         checkpoint.set_rng_state(state["rng"])
         start = state["step"]
     sinks = [JsonlSink(run_dir / "metrics.jsonl")]
@@ -350,7 +393,9 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         sinks.append(MlflowSink(run_dir, cfg.log.mlflow_tracking_uri, cfg.log.mlflow_experiment, cfg.model_dump(mode="json")))
     logger = MetricLogger(sinks)
     estimator = credit.get_estimator(cfg.algo.estimator)
-    params = credit.CreditParams(norm_std=cfg.algo.norm_std, gamma=cfg.algo.gamma, step_weight=cfg.algo.step_weight)
+    a = cfg.algo
+    params = credit.CreditParams(norm_std=a.norm_std, gamma=a.gamma, step_weight=a.step_weight, similarity=a.gigpo_similarity,
+                                 lam=a.lam, gamma_token=a.gamma_token, whiten=a.whiten_advantages)
     sampling = sampling_params(cfg)
     progress = _progress(cfg, start)
     detectors = default_detectors() if cfg.monitor.detectors else []
@@ -365,12 +410,14 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         groups, collected = collect_step(c, step, sampling)
         t_rollout = time.perf_counter() - t0
         trajectories = [t for g in groups for t in g.trajectories]
-        advantages = assign_credit(cfg, groups, estimator, params, prm)
+        step_params = credit_inputs(c, groups, estimator, params)  # critic values / greedy baselines, if declared
+        advantages = assign_credit(cfg, groups, estimator, step_params, prm, c)
         samples = build_samples(trajectories, advantages)
         if cfg.algo.skip_zero_advantage and cfg.algo.kl_coef == 0 and cfg.algo.entropy_coef == 0:
             samples = [s for s in samples if any(a != 0.0 for a in s.advantages)]
         t1 = time.perf_counter()
-        metrics = c.learner.update(samples)
+        metrics = c.learner.update(samples, value_batch(c, groups, estimator, step_params))
+        metrics.update(c.shaper.last_metrics if c.shaper else {})
         t_train = time.perf_counter() - t1
         c.engine.sync_weights()
 
@@ -388,6 +435,8 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         stop = write_alerts(run_dir, alerts, progress) and cfg.monitor.on_alert == "stop"
         if (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0) or done == cfg.train.steps or out_of_time or stop:
             state = {"learner": c.learner.state_dict(), "engine": c.engine.state_dict()}
+            if c.shaper is not None:
+                state["reward_shaper"] = c.shaper.state_dict()
             checkpoint.save_checkpoint(run_dir, done, c.model, c.tokenizer, state, keep=cfg.log.keep_checkpoints)
         progress.update(metrics)
         if out_of_time or stop:
