@@ -128,3 +128,26 @@ def test_token_advantages_reach_the_samples():
     assert samples[0].advantages == [0.0, 0.0, 0.1, 0.2, 0.3]
     with pytest.raises(ValueError, match="3-token response"):
         build_samples([traj], [[[0.1, 0.2]]])
+
+
+# ------------------------------------------------------------------ GiGPO similarity threshold (algo.gigpo_similarity)
+
+
+def test_gigpo_similar_anchors_share_a_step_group():
+    from turnrl.credit.gigpo import anchor_clusters, anchor_similarity
+
+    def traj(anchors, rewards):
+        return Trajectory("e", 0, [Turn([], [1], [0.0], "o", "r", reward=r, anchor=a) for a, r in zip(anchors, rewards)])
+
+    # two FrozenLake-style anchors that differ in one character: ratio = 2 * 22 / 46 ~ 0.957
+    a, b = "SFFF/FHFH/FFFH/HFFG@1,2", "SFFF/FHFH/FFFH/HFFG@1,3"
+    assert anchor_similarity(a, b) == pytest.approx(44 / 46)
+    group = TrajectoryGroup("e", 0, [traj([a, "x"], [0.0, 1.0]), traj([b, "y"], [0.0, 0.0])])
+    exact = credit.gigpo([group], CreditParams(norm_std=False, gamma=1.0, similarity=1.0))
+    near = credit.gigpo([group], CreditParams(norm_std=False, gamma=1.0, similarity=0.9))
+    assert exact == [[0.5, 0.5], [-0.5, -0.5]]  # no shared anchor: episode term only
+    assert near == [[1.0, 0.5], [-1.0, -0.5]]  # a ~ b: their returns 1 vs 0 give +-0.5 on the first turn
+    assert anchor_clusters([a, b, "zzz", a], 0.9) == [0, 0, 1, 0]
+    assert anchor_clusters([a, b, a], 1.0) == [0, 1, 0]
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        anchor_clusters([a], 0.0)

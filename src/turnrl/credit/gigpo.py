@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from difflib import SequenceMatcher
 from typing import Sequence
 
 import numpy as np
@@ -11,6 +12,32 @@ from turnrl.credit.base import Advantages, CreditParams, register_estimator
 from turnrl.credit.outcome import grpo
 from turnrl.credit.turn import turn_returns
 from turnrl.types import TrajectoryGroup
+
+
+def anchor_similarity(a: str, b: str) -> float:
+    """``difflib.SequenceMatcher(None, a, b).ratio()``: 2 * matched characters / total characters, in [0, 1]."""
+    return 1.0 if a == b else SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+def anchor_clusters(anchors: Sequence[str], threshold: float) -> list[int]:
+    """Cluster id of each anchor: exact match when ``threshold >= 1``, otherwise greedy clustering in order of
+    appearance, each anchor joining the first cluster whose representative (its first anchor) it matches with
+    ``anchor_similarity >= threshold`` (verl-agent's ``build_step_group`` with ``enable_similarity``).
+    The relation is not transitive, so the clusters depend on the order; it is the batch order, deterministic."""
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"gigpo similarity threshold must be in (0, 1] (got {threshold})")
+    reps: list[str] = []
+    exact: dict[str, int] = {}
+    out = []
+    for a in anchors:
+        if a not in exact:
+            cid = next((k for k, r in enumerate(reps) if threshold < 1.0 and anchor_similarity(a, r) >= threshold), None)
+            if cid is None:
+                reps.append(a)
+                cid = len(reps) - 1
+            exact[a] = cid
+        out.append(exact[a])
+    return out
 
 
 @register_estimator("gigpo")
@@ -27,8 +54,10 @@ def gigpo(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages
         A_{i,t}   = A^E_i + w * A^S_{i,t}                                   w = ``params.step_weight``
 
     ``norm_std=False`` drops both std divisions (the paper's "mean-only" normalisation). The anchor of a
-    turn is ``Turn.anchor``, the env's key of the state the model acted in (exact match; turns without an
-    anchor get no step-level term). Conventions where implementations differ: std is the sample (ddof=1)
+    turn is ``Turn.anchor``, the env's key of the state the model acted in (turns without an anchor get no
+    step-level term). Anchors match exactly by default; with ``params.similarity < 1`` (``algo.gigpo_similarity``)
+    near-identical anchors share a step-level group (see :func:`anchor_clusters`, as verl-agent's
+    similarity-based GiGPO). Conventions where implementations differ: std is the sample (ddof=1)
     std, as in ``grpo``; an anchor group with one member, or whose returns are all equal, gives
     A^S = 0; returns are computed from the turn rewards only (observation spans carry no reward, so a
     running return never "crosses" them). Deviation from the paper: the paper's step-level groups use the
@@ -40,11 +69,11 @@ def gigpo(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages
     offset = 0
     for g in groups:
         returns = [turn_returns([turn.reward for turn in t.turns], params.gamma) for t in g.trajectories]
-        buckets: dict[str, list[tuple[int, int]]] = defaultdict(list)
-        for i, traj in enumerate(g.trajectories):
-            for t, turn in enumerate(traj.turns):
-                if turn.anchor is not None:
-                    buckets[turn.anchor].append((i, t))
+        buckets: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        keyed = [(i, t, turn.anchor) for i, traj in enumerate(g.trajectories) for t, turn in enumerate(traj.turns)
+                 if turn.anchor is not None]
+        for (i, t, _), cid in zip(keyed, anchor_clusters([a for _, _, a in keyed], params.similarity)):
+            buckets[cid].append((i, t))
         step = [[0.0] * len(rs) for rs in returns]
         for members in buckets.values():
             vals = np.asarray([returns[i][t] for i, t in members], dtype=np.float64)
