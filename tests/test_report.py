@@ -305,3 +305,11 @@ def test_markup_in_observations_is_shown_as_text_never_run(page):
     obs = _shown(page)["obs"]
     assert obs and all(HOSTILE in o for o in obs)
     assert page.errors() == []
+
+
+def test_run_name_markup_and_placeholders_stay_text():
+    from turnrl.monitor.report import ReportData, render_html
+
+    html = render_html(ReportData(run="__JS__</title><script>x()</script>"))
+    assert html.count("<script>x()") == 0 and "<title>turnrl report: __JS__&lt;/title&gt;" in html
+    assert html.count('"use strict"') == 1  # the page script is inserted once, not into the title

@@ -22,6 +22,8 @@ visible note.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import math
 import re
@@ -229,10 +231,10 @@ def render_html(data: ReportData) -> str:
     }
     title = "turnrl report: " + data.run
     title = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return (_PAGE.replace("__TITLE__", title)
-                 .replace("__CSS__", _CSS)
-                 .replace("__JS__", _JS)
-                 .replace("__DATA__", _embed_json(payload)))
+    # Only the page's own script may run (by its hash): defence in depth should markup ever reach the DOM.
+    script_hash = "sha256-" + base64.b64encode(hashlib.sha256(_JS.encode("utf-8")).digest()).decode("ascii")
+    parts = {"TITLE": title, "SCRIPT_HASH": script_hash, "CSS": _CSS, "JS": _JS, "DATA": _embed_json(payload)}
+    return re.sub(r"__(TITLE|SCRIPT_HASH|CSS|JS|DATA)__", lambda m: parts[m.group(1)], _PAGE)  # one pass
 
 
 def write_report(run_dir: Path, out: Path | None = None, max_trajectories: int = 200, max_text_chars: int = 20_000) -> Path:
@@ -249,7 +251,7 @@ _PAGE = """<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src '__SCRIPT_HASH__'; style-src 'unsafe-inline'; img-src data:">
 <title>__TITLE__</title>
 <style>__CSS__</style>
 </head>
