@@ -116,6 +116,9 @@ def test_value_loss_goes_down_on_a_fixed_batch(tiny_model, tokenizer, mode):
     assert errors[-1] < 0.6 * errors[0], errors
     changed = any(not torch.equal(a, b) for a, b in zip(policy_before, tiny_model.parameters()))
     assert changed  # the policy was updated too (and, in head mode, its trunk by the value loss)
+    head_before = critic.head.weight.detach().clone()
+    m = learner.update([], ValueBatch(trajs, returns, mask, params.values.token_values))  # no policy samples left
+    assert m["train/value_loss"] > 0 and not torch.equal(head_before, critic.head.weight)
     state = learner.state_dict()
     assert state["critic"]["mode"] == mode
     other = Critic(tiny_model, mode, lr=1e-3, value_clip=0.2, grad_clip=1.0, pad_id=tokenizer.pad_token_id)

@@ -206,7 +206,7 @@ class Learner:
         a = self.cfg.algo
         temperature = self.cfg.rollout.temperature
         metrics: dict[str, float] = {}
-        if not samples:
+        if not samples and value_batch is None:
             return {"train/num_samples": 0.0}
         num_tokens = float(sum(sum(s.loss_mask) for s in samples))
         num_seqs = float(len(samples))
@@ -268,7 +268,7 @@ class Learner:
             self.scheduler.step()
             if self.critic is not None and (critic_norm := self.critic.step()) is not None:
                 maxima["critic_grad_norm"] = critic_norm
-        metrics["train/loss"] = sums.pop("loss")
+        metrics["train/loss"] = sums.pop("loss", 0.0)  # 0 when only the critic had something to train on
         for k, v in sums.items():
             metrics[f"train/{k}"] = v / max(num_tokens, 1.0)
         metrics.update({f"train/{k}": v for k, v in maxima.items()})
