@@ -144,6 +144,48 @@ def test_an_alert_can_stop_the_run_with_a_checkpoint(tmp_path, tokenizer, monkey
     assert json.loads((run_dir / "alerts.jsonl").read_text().splitlines()[0])["name"] == "always"
 
 
+def test_rollback_restores_the_last_checkpoint_saved_before_the_alert(tmp_path, tokenizer, monkeypatch):
+    """An alert at step 3 with on_alert=rollback: step 4 starts from the step-2 checkpoint's weights."""
+    import turnrl.train as T
+    from turnrl.monitor.detectors import Alert, Detector
+
+    fired = []
+
+    class FiresOnceAtStep3(Detector):
+        name = "grad_spike"
+
+        def update(self, step, metrics):
+            if step == 3 and not fired:
+                fired.append(step)
+                return Alert(self.name, step, "synthetic spike", {"step": step})
+            return None
+
+    weights_at_start = []
+    real_collect = T.collect_step
+
+    def spy(c, step, sampling):
+        weights_at_start.append({k: v.clone() for k, v in c.model.state_dict().items()})
+        return real_collect(c, step, sampling)
+
+    monkeypatch.setattr(T, "default_detectors", lambda: [FiresOnceAtStep3()])
+    monkeypatch.setattr(T, "collect_step", spy)
+    run_dir, c = _run(tmp_path, tokenizer, ["train.steps=4", "log.checkpoint_every=2", "log.keep_checkpoints=3",
+                                            "eval.every=0", "eval.at_start=false", "monitor.actions={grad_spike: rollback}"], "rb")
+    before_step3, before_step4 = weights_at_start[2], weights_at_start[3]  # after 2 updates; after the rollback
+    assert all(torch.equal(before_step3[k], before_step4[k]) for k in before_step3)
+    assert any(not torch.equal(weights_at_start[1][k], before_step3[k]) for k in before_step3)  # updates do move weights
+    records = [json.loads(line) for line in (run_dir / "alerts.jsonl").read_text().splitlines()]
+    assert [r["name"] for r in records] == ["grad_spike", "rollback"] and records[1]["evidence"]["to_step"] == 2
+    assert read_metrics(run_dir / "metrics.jsonl")[-1]["monitor/rollbacks"] == 1.0
+
+
+def test_monitor_actions_must_name_a_detector():
+    from turnrl.config import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match="grad_spike"):
+        load_config(None, ["monitor.actions={grad_spikes: rollback}"])
+
+
 def test_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path, tokenizer):
     run_dir, c = _run(tmp_path, tokenizer, ["algo.dynamic_sampling_rounds=3", "rollout.group_size=2"], "dyn")
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "rollout/train_groups" in r]

@@ -156,9 +156,27 @@ class LogConfig(_Section):
 
 class MonitorConfig(_Section):
     detectors: bool = Field(True, description="run the pathology detectors (collapse, KL blow-up, reward hacking, ...)")
-    on_alert: Literal["warn", "stop"] = Field(
-        "warn", description="on an alert: 'warn' (log it to alerts.jsonl and the terminal) or 'stop' (checkpoint and stop)"
+    on_alert: Literal["warn", "stop", "rollback"] = Field(
+        "warn",
+        description="on an alert: 'warn' (log it to alerts.jsonl and the terminal), 'stop' (checkpoint and stop) or "
+        "'rollback' (restore the last checkpoint saved before any alert, drop the bad steps' updates, go on with new tasks)",
     )
+    actions: dict[str, Literal["warn", "stop", "rollback"]] = Field(
+        default_factory=dict, description="per-detector override of on_alert, e.g. {reward_hacking: stop, grad_spike: rollback}"
+    )
+    max_rollbacks: int = Field(3, ge=0, description="after this many rollbacks, a rollback alert stops the run instead")
+
+    @model_validator(mode="after")
+    def _known_detectors(self) -> "MonitorConfig":
+        from turnrl.monitor.detectors import default_detectors
+
+        names = [d.name for d in default_detectors()]
+        for name in self.actions:
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f" Did you mean '{close[0]}'?" if close else ""
+                raise ValueError(f"monitor.actions names an unknown detector '{name}'.{hint} Detectors: {', '.join(names)}")
+        return self
 
 
 class Config(_Section):

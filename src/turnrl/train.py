@@ -39,7 +39,7 @@ from turnrl.critic import Critic, ValueBatch
 from turnrl.engines import Engine, HFEngine, SamplingParams
 from turnrl.envs import make
 from turnrl.learner import Learner, build_samples
-from turnrl.models import frozen_copy, load_model, load_tokenizer
+from turnrl.models import frozen_copy, load_model, load_tokenizer, resolve_model_path
 from turnrl.monitor.detectors import Alert, default_detectors
 from turnrl.monitor.sinks import JsonlSink, MetricLogger, MlflowSink, TensorBoardSink, WandbSink
 from turnrl.rollout import Collector, ContextSpec
@@ -112,6 +112,10 @@ def make_engine(cfg: Config, model, tokenizer):
             )
         except UnsupportedModelError as e:
             raise ConfigError(f"rollout.engine=native: {e}") from None
+    if cfg.rollout.engine == "vllm":
+        from turnrl.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine(str(resolve_model_path(cfg.model.path)), learner_model=model, seed=cfg.train.seed)
     return HFEngine(model, tokenizer, autocast_bf16=cfg.model.autocast_bf16, seed=cfg.train.seed)
 
 
@@ -374,16 +378,7 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         ckpt = checkpoint.latest_checkpoint(run_dir)
         if ckpt is None:
             raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from (looked for {run_dir}/checkpoints/latest)")
-        state = checkpoint.load_state(ckpt)
-        from safetensors.torch import load_model as load_weights
-
-        load_weights(c.model, ckpt / "model" / "model.safetensors", strict=False)
-        c.learner.load_state_dict(state["learner"])
-        c.engine.load_state_dict(state["engine"])
-        if c.shaper is not None and "reward_shaper" in state:
-            c.shaper.load_state_dict(state["reward_shaper"])
-        checkpoint.set_rng_state(state["rng"])
-        start = state["step"]
+        start = restore(c, ckpt, rng=True)
     sinks = [JsonlSink(run_dir / "metrics.jsonl")]
     if cfg.log.tensorboard:
         sinks.append(TensorBoardSink(run_dir / "tb"))
@@ -402,6 +397,10 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
     prm = load_prm(cfg.algo.prm) if cfg.algo.prm else None
     t_start = time.perf_counter()
 
+    rollbacks, alerted = 0, False
+    good_checkpoint = checkpoint.latest_checkpoint(run_dir) if resume else None
+    if good_checkpoint is None and "rollback" in (cfg.monitor.on_alert, *cfg.monitor.actions.values()):
+        good_checkpoint = checkpoint.save_checkpoint(run_dir, start, c.model, c.tokenizer, checkpoint_state(c), keep=cfg.log.keep_checkpoints)
     if start == 0 and cfg.eval.at_start:
         logger.log(0, evaluate(c))
     step = start
@@ -429,21 +428,77 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         out_of_time = cfg.train.max_minutes > 0 and (time.perf_counter() - t_start) > 60 * cfg.train.max_minutes
         if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps or out_of_time:
             metrics.update(evaluate(c))
+        metrics["monitor/rollbacks"] = float(rollbacks)
         logger.log(done, metrics)
         write_trajectories(run_dir, done, groups, advantages, c.tokenizer, cfg.log.sample_trajectories, samples, cfg.algo)
         alerts = [a for d in detectors if (a := d.update(done, metrics))]
-        stop = write_alerts(run_dir, alerts, progress) and cfg.monitor.on_alert == "stop"
-        if (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0) or done == cfg.train.steps or out_of_time or stop:
-            state = {"learner": c.learner.state_dict(), "engine": c.engine.state_dict()}
-            if c.shaper is not None:
-                state["reward_shaper"] = c.shaper.state_dict()
-            checkpoint.save_checkpoint(run_dir, done, c.model, c.tokenizer, state, keep=cfg.log.keep_checkpoints)
+        write_alerts(run_dir, alerts, progress)
+        action = alert_action(cfg, alerts, rollbacks)
+        if action == "rollback" and (good_checkpoint is None or not good_checkpoint.exists()):
+            progress.write("no checkpoint from before the alert is left to roll back to (raise log.keep_checkpoints); stopping")
+            action = "stop"
+        if action == "rollback":
+            rollbacks += 1
+            to_step = restore(c, good_checkpoint)
+            record_rollback(run_dir, done, to_step, alerts, progress)
+            detectors = default_detectors() if cfg.monitor.detectors else []  # their windows held the bad steps
+            alerted = False
+            progress.update(metrics)
+            continue  # the bad steps' weights are gone; the step counter (hence the task seeds) moves on
+        stop = action == "stop"
+        if alerts:
+            alerted = True
+        save = (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0) or done == cfg.train.steps or out_of_time or stop
+        if save:
+            saved = checkpoint.save_checkpoint(run_dir, done, c.model, c.tokenizer, checkpoint_state(c), keep=cfg.log.keep_checkpoints)
+            if not alerted:  # a rollback target: saved before any alert fired
+                good_checkpoint = saved
         progress.update(metrics)
         if out_of_time or stop:
             break
     progress.close()
     logger.close()
     return run_dir
+
+
+def checkpoint_state(c: Components) -> dict:
+    state = {"learner": c.learner.state_dict(), "engine": c.engine.state_dict()}
+    if c.shaper is not None:
+        state["reward_shaper"] = c.shaper.state_dict()
+    return state
+
+
+def restore(c: Components, ckpt: Path, rng: bool = False) -> int:
+    """Load a checkpoint's weights, optimizer, engine and reward-shaper state (and the RNGs when resuming); returns its step."""
+    from safetensors.torch import load_model as load_weights
+
+    state = checkpoint.load_state(ckpt)
+    load_weights(c.model, ckpt / "model" / "model.safetensors", strict=False)
+    c.learner.load_state_dict(state["learner"])
+    c.engine.load_state_dict(state["engine"])
+    if c.shaper is not None and "reward_shaper" in state:
+        c.shaper.load_state_dict(state["reward_shaper"])
+    if rng:
+        checkpoint.set_rng_state(state["rng"])
+    return int(state["step"])
+
+
+def alert_action(cfg: Config, alerts: list[Alert], rollbacks: int) -> str:
+    """The strongest action the alerts call for (stop > rollback > warn), by ``monitor.actions`` or ``on_alert``."""
+    actions = {cfg.monitor.actions.get(a.name, cfg.monitor.on_alert) for a in alerts}
+    if "stop" in actions:
+        return "stop"
+    if "rollback" in actions:
+        return "rollback" if rollbacks < cfg.monitor.max_rollbacks else "stop"
+    return "warn"
+
+
+def record_rollback(run_dir: Path, step: int, to_step: int, alerts: list[Alert], progress: "_progress") -> None:
+    names = [a.name for a in alerts]
+    with (run_dir / "alerts.jsonl").open("a") as f:
+        f.write(json.dumps({"step": step, "name": "rollback", "message": f"rolled back to step {to_step} after {', '.join(names)}",
+                            "evidence": {"to_step": to_step, "alerts": names}}) + "\n")
+    progress.write(f"ROLLBACK step {step}: restored the step-{to_step} checkpoint (after {', '.join(names)})")
 
 
 def write_alerts(run_dir: Path, alerts: list[Alert], progress: "_progress") -> bool:

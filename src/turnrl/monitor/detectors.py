@@ -3,7 +3,8 @@
 A detector sees the flat metric dict of every step (``rollout/*``, ``train/*``, ``eval/*``) and returns an
 :class:`Alert` with the evidence when its condition holds. Thresholds are deliberately conservative: a
 detector that cries wolf gets switched off. The trainer logs alerts to ``RUN/alerts.jsonl`` and, by
-``monitor.on_alert``, warns or stops the run.
+``monitor.on_alert`` (or ``monitor.actions`` per detector), warns, stops the run, or rolls it back to the
+last checkpoint saved before any alert.
 """
 
 from __future__ import annotations
