@@ -153,7 +153,7 @@ class Browser:
         if exe is None:
             raise RuntimeError("chromium is not installed: `apt-get install -y chromium` (.ci/run does this)")
         self.proc = subprocess.Popen(
-            [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
+            [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--no-default-browser-check",
              "--disable-extensions", "--disable-background-networking", "--remote-debugging-port=0",
              f"--user-data-dir={profile}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -4,8 +4,10 @@ import builtins
 import json
 import math
 import struct
+import time
 
 import pytest
+from google.protobuf.message import DecodeError
 
 from turnrl.config import load_config
 from turnrl.monitor.sinks import MetricLogger, MlflowSink, WandbSink
@@ -37,13 +39,21 @@ def _wandb_records(path):
 
 
 def _wandb_history(run_dir):
+    """History rows of the run's ``.wandb`` file. ``run.finish()`` can return before W&B's service process has
+    written the file out, so wait (up to 20 s) until it ends with the run's exit record."""
     files = list((run_dir / "wandb").glob("*run-*/run-*.wandb"))
     assert len(files) == 1, files
-    rows = []
-    for rec in _wandb_records(files[0]):
-        if rec.WhichOneof("record_type") == "history":
-            rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in rec.history.item})
-    return rows
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            records = list(_wandb_records(files[0]))
+        except (AssertionError, struct.error, DecodeError):  # caught mid-write
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+            for r in records if r.WhichOneof("record_type") == "history"]
 
 
 def test_wandb_offline_run_holds_the_logged_steps(tmp_path, monkeypatch):
@@ -83,9 +93,9 @@ def test_mlflow_run_holds_the_logged_steps_and_resume_appends(tmp_path, monkeypa
     run = client.get_run(sink.run_id)
     assert run.info.run_name == "run-b" and run.info.status == "FINISHED"
     assert run.data.params["algo.estimator"] == "grpo_turn" and float(run.data.params["train.lr"]) == 1e-5
-    hist = [(m.step, m.value) for m in client.get_metric_history(sink.run_id, "rollout/success_rate")]
-    assert sorted(hist) == [(1, 0.25), (2, 0.5)]
-    loss = client.get_metric_history(sink.run_id, "train/loss")
+    hist = [(m.step, m.value) for m in client.get_metric_history(sink.run_id, "rollout.success_rate")]
+    assert sorted(hist) == [(1, 0.25), (2, 0.5)]  # the file store's names: "/" -> "." (see MlflowSink)
+    loss = client.get_metric_history(sink.run_id, "train.loss")
     assert [(m.step, m.value) for m in loss] == [(2, 2.0)]  # the NaN was skipped, not logged
     assert not any(math.isnan(m.value) for m in loss)
 
@@ -109,3 +119,26 @@ def test_log_config_switches_default_off():
     cfg = load_config(None, ["log.wandb=true", "log.mlflow_tracking_uri=http://tracker:5000"])
     assert cfg.log.wandb and not cfg.log.mlflow and cfg.log.mlflow_tracking_uri == "http://tracker:5000"
     assert load_config(None, []).log.wandb is False
+
+
+def test_training_with_both_trackers_on_logs_every_step_to_each(tmp_path, tokenizer, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from tests.test_train import TINY
+    from turnrl.models import tiny_model
+    from turnrl.train import build, train
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    cfg = load_config(None, TINY + [f"log.run_dir={tmp_path}", "log.name=tracked", "log.wandb=true", "log.mlflow=true",
+                                    f"log.mlflow_tracking_uri={uri}", "log.checkpoint_every=0"])
+    run_dir = train(cfg, components=build(cfg, model=tiny_model(tokenizer, seed=0), tokenizer=tokenizer))
+    steps = [r["_step"] for r in _wandb_history(run_dir) if "train/loss" in r]
+    assert steps == [1, 2]
+    run_id = (run_dir / "mlflow_run_id").read_text()
+    hist = MlflowClient(uri).get_metric_history(run_id, "eval.success_rate")
+    assert MlflowClient(uri).get_metric_history(run_id, "eval.reward.outcome")  # beside eval.reward
+    assert sorted(m.step for m in hist) == [0, 1, 2]
+    assert MlflowClient(uri).get_run(run_id).data.params["env.id"] == "parity-v0"

@@ -8,6 +8,7 @@ import secrets
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 
 class JsonlSink:
@@ -86,7 +87,9 @@ class MlflowSink:
     ``tracking_uri`` empty means MLflow's own default (``MLFLOW_TRACKING_URI`` when set). The MLflow run id is
     kept in ``RUN/mlflow_run_id`` so ``turnrl train --resume`` appends to the same MLflow run. MLflow rejects
     NaN/inf metric values on some backends, so non-finite values are skipped (``metrics.jsonl`` keeps them).
-    Metric names keep their ``/`` namespaces.
+    Metric names keep their ``/`` namespaces, except on MLflow's local file store (``file:`` URIs, in
+    maintenance mode since MLflow 3), which maps names to paths and so cannot hold both ``eval/reward`` and
+    ``eval/reward/outcome``: there ``/`` becomes ``.`` (``eval.reward.outcome``).
     """
 
     def __init__(self, run_dir: Path, tracking_uri: str, experiment: str, config: dict[str, Any] | None = None) -> None:
@@ -97,6 +100,8 @@ class MlflowSink:
             raise _missing("mlflow", "mlflow") from None
         run_dir = Path(run_dir)
         self.client = MlflowClient(tracking_uri or None)
+        resolved = tracking_uri or mlflow.get_tracking_uri()
+        self._sep = "." if urlparse(resolved).scheme in ("", "file") else "/"
         id_file = run_dir / "mlflow_run_id"
         run_id = _remembered_id(id_file)
         if run_id is None:
@@ -114,7 +119,7 @@ class MlflowSink:
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         now = int(time.time() * 1000)
-        batch = [self._metric(k, float(v), now, step) for k, v in metrics.items() if math.isfinite(v)]
+        batch = [self._metric(k.replace("/", self._sep), float(v), now, step) for k, v in metrics.items() if math.isfinite(v)]
         for i in range(0, len(batch), 1000):  # MLflow's per-request limit
             self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
 
