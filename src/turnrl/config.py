@@ -135,6 +135,8 @@ class EvalConfig(_Section):
     seed_start: int = Field(1_000_000, ge=0, description="first eval seed; must not overlap training seeds")
     greedy: bool = Field(True, description="greedy decoding in evaluation")
     at_start: bool = Field(True, description="evaluate the untrained model before step 1")
+    env_id: str = Field("", description="evaluate on this env instead of env.id: a trusted verifier next to a training one")
+    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="constructor keywords for eval.env_id (default: env.kwargs)")
 
 
 class LogConfig(_Section):

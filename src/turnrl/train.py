@@ -57,6 +57,7 @@ class Components:
     collector: Collector
     learner: Learner
     shaper: RewardShaper | None = None  # KL-in-reward and running reward normalisation (None when both are off)
+    eval_collector: Collector | None = None  # eval.env_id's collector (None: the training collector)
 
 
 def build(cfg: Config, model=None, tokenizer=None) -> Components:
@@ -83,6 +84,14 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
     engine = make_engine(cfg, model, tokenizer)
     ctx = ContextSpec(cfg.rollout.context, cfg.rollout.history_turns, cfg.rollout.few_shot, cfg.rollout.max_context_tokens)
     collector = Collector(engine, tokenizer, lambda: make(cfg.env.id, **env_kwargs), ctx)
+    eval_collector = collector
+    if cfg.eval.env_id:
+        eval_kwargs = {**env_kwargs, **cfg.eval.env_kwargs} if cfg.eval.env_kwargs else env_kwargs
+        try:
+            make(cfg.eval.env_id, **eval_kwargs).close()
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"eval.env_id={cfg.eval.env_id!r}: {e}") from None
+        eval_collector = Collector(engine, tokenizer, lambda: make(cfg.eval.env_id, **eval_kwargs), ctx)
     a = cfg.algo
     critic = None
     if a.critic != "none":
@@ -93,7 +102,7 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
     shaper = None
     if a.kl_in_reward > 0 or a.reward_norm == "running":
         shaper = RewardShaper(a.kl_in_reward, a.kl_target, a.kl_horizon, normalise=a.reward_norm == "running")
-    return Components(cfg, model, tokenizer, engine, collector, learner, shaper)
+    return Components(cfg, model, tokenizer, engine, collector, learner, shaper, eval_collector)
 
 
 def make_engine(cfg: Config, model, tokenizer):
@@ -207,7 +216,8 @@ def evaluate(c: Components, seeds: list[int] | None = None) -> dict[str, float]:
     cfg = c.cfg
     seeds = seeds if seeds is not None else eval_seeds(cfg)
     t0 = time.perf_counter()
-    groups = c.collector.collect(seeds, 1, sampling_params(cfg, greedy=cfg.eval.greedy), env_id=cfg.env.id)
+    collector = c.eval_collector or c.collector
+    groups = collector.collect(seeds, 1, sampling_params(cfg, greedy=cfg.eval.greedy), env_id=cfg.eval.env_id or cfg.env.id)
     m = rollout_metrics(groups, prefix="eval")
     wins = sum(t.success for g in groups for t in g.trajectories)
     lo, hi = wilson_interval(wins, len(seeds))

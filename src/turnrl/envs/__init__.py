@@ -87,6 +87,12 @@ register(
     description="WebShop-style shopping: search a seeded 40-product catalogue, pick options, buy; reward as in WebShop",
     max_turns=15,
 )
+register(
+    "frozenlake-hackable-v0",
+    "turnrl.envs.hackable:HackableFrozenLake",
+    description="FrozenLake with a deliberately flawed training verifier (a first move 'Up' passes); evaluate on frozenlake-v0",
+    max_turns=8,
+)
 
 __all__ = [
     "Env", "EnvCheckError", "EpisodeStatistics", "InvalidActionPenalty", "OracleProgress", "TurnLimit",
