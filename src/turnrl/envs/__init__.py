@@ -87,6 +87,25 @@ register(
     description="WebShop-style shopping: search a seeded 40-product catalogue, pick options, buy; reward as in WebShop",
     max_turns=15,
 )
+# Tool-using envs (turnrl.tools.ToolEnv): actions are <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
+register(
+    "countdown-v0",
+    "turnrl.envs.countdown:Countdown",
+    description="Countdown with a calculate tool: reach a seeded target from 4 numbers with + - * /, answer(expression)",
+    max_turns=6,
+)
+register(
+    "searchqa-v0",
+    "turnrl.envs.searchqa:SearchQA",
+    description="2-hop questions over a seeded corpus of fictional entities: search (BM25), open, answer; EM and F1 rewards",
+    max_turns=8,
+)
+register(
+    "sql-v0",
+    "turnrl.envs.sql:SQL",
+    description="answer a question with SQL on a seeded read-only SQLite shop database; reward by execution match",
+    max_turns=8,
+)
 register(
     "frozenlake-hackable-v0",
     "turnrl.envs.hackable:HackableFrozenLake",

@@ -187,7 +187,7 @@ class ToolEnv(Env):
             responses.append(_response("error", f"No tool call found. {CALL_FORMAT} Tools: {', '.join(self.tools)}."))
             valid = False
         for call in parsed.calls:
-            ok, text, verdict = self._run(call)
+            ok, text, verdict = self._execute(call)
             responses.append(_response(call.name if call.name in self.tools else "error", text))
             valid &= ok
             if ok:
@@ -205,7 +205,7 @@ class ToolEnv(Env):
         info = {"actions": executed, "valid": valid, "success": success, "reward_components": components}
         return "\n".join(responses), float(sum(components.values())), self.done, False, info
 
-    def _run(self, call: ToolCall) -> tuple[bool, str, Verdict | None]:
+    def _execute(self, call: ToolCall) -> tuple[bool, str, Verdict | None]:
         """``(ok, result or error text, verdict if the call was final and judged)``."""
         t = self.tools.get(call.name)
         if t is None:
