@@ -9,7 +9,7 @@ region. One document per entity states these facts in sentences; document ids ar
 Question (seeded), one of three 2-hop templates, each crossing from a person's document to a second one:
 
 - "In which town is the headquarters of the organisation that P works for?" (person -> organisation);
-- "Who founded the organisation that P works for?" (person -> organisation);
+- "Who founded the organisation that P works for?" (person -> organisation; never asked when P founded it);
 - "Which river flows through the town where P was born?" (person -> town).
 
 Tools (see :class:`~turnrl.tools.env.ToolEnv` for the call format and errors):
@@ -172,6 +172,8 @@ def generate_world(rng: random.Random, num_people: int = 8, num_orgs: int = 4, n
     doc_of = {d.title: d.doc_id for d in docs}
     person = rng.choice(people)
     kind = rng.choice(QUESTION_KINDS)
+    while kind == "founder" and founder[works[person]] == person:  # the answer would be in the question
+        person, kind = rng.choice(people), rng.choice(QUESTION_KINDS)
     if kind == "headquarters":
         question, answer, bridge = f"In which town is the headquarters of the organisation that {person} works for?", hq[works[person]], works[person]
     elif kind == "founder":
