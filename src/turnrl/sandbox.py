@@ -127,6 +127,8 @@ class SandboxResult:
     """Wall-clock seconds of the whole run, sandbox set-up included."""
     cpu_seconds: float
     """CPU seconds (user + system) used by the worker and the children it waited for."""
+    uid: int = -1
+    """The uid the code ran as (``UID_BASE`` + the launcher's pid); no process of it outlives the run."""
     stdout_truncated: bool = False
     stderr_truncated: bool = False
 
@@ -225,7 +227,8 @@ def run_python(code: str, *, files: dict[str, str] | None = None, stdin: str = "
         killed_by = "cpu"
     elif exit_code not in (0, None) and _ran_out_of_memory(stderr):
         killed_by = "memory"
-    return SandboxResult(out.text(), stderr, exit_code, sig, timed_out, killed_by, duration, cpu, out.truncated, err.truncated)
+    return SandboxResult(out.text(), stderr, exit_code, sig, timed_out, killed_by, duration, cpu, UID_BASE + proc.pid,
+                         out.truncated, err.truncated)
 
 
 def _ran_out_of_memory(stderr: str) -> bool:
