@@ -21,7 +21,8 @@ Safety. Queries run read-only, three ways: the connection has ``PRAGMA query_onl
 (``set_authorizer``) allows only reading actions (SELECT, READ, FUNCTION, RECURSIVE), so ``ATTACH``,
 ``PRAGMA``, ``CREATE``, ``INSERT``, ``DROP`` ... are denied even inside a ``WITH``; and the text must be one
 statement starting with ``SELECT`` or ``WITH``. A progress handler aborts a query after ``query_timeout``
-seconds (an infinite recursive CTE is stopped, not waited for). At most ``10 * max_rows`` rows are read.
+seconds (an infinite recursive CTE is stopped, not waited for). ``run_query`` reads at most ``max_rows + 1``
+rows, ``submit`` at most ``10 * max_rows`` (a longer result does not match).
 
 Reward (on ``submit``), two named components:
 
@@ -111,15 +112,11 @@ def run_read_only(con: sqlite3.Connection, sql: str, max_rows: int, timeout: flo
         cursor = con.execute(sql)
         rows = cursor.fetchmany(max_rows + 1)
         columns = [d[0] for d in cursor.description or []]
-    except sqlite3.OperationalError as e:
+    except (sqlite3.Error, sqlite3.Warning) as e:  # Warning: "one statement at a time" on older Pythons
         if "interrupted" in str(e):
             raise ToolError(f"the query ran longer than {timeout:g} s and was stopped") from None
-        if "not authorized" in str(e) or "prohibited" in str(e):
+        if "not authorized" in str(e) or "readonly" in str(e) or "query_only" in str(e):
             raise ToolError(f"not allowed: {e} (queries are read-only)") from None
-        raise ToolError(f"SQL error: {e}") from None
-    except (sqlite3.Warning, sqlite3.ProgrammingError) as e:  # e.g. more than one statement
-        raise ToolError(f"SQL error: {e}") from None
-    except sqlite3.Error as e:
         raise ToolError(f"SQL error: {e}") from None
     finally:
         con.set_progress_handler(None, 0)
