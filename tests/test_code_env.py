@@ -108,6 +108,8 @@ def test_text_without_a_code_block_is_invalid_and_changes_nothing():
         ("```\nx = 1\n```", "x = 1\n"),
         ("first\n```python\nx = 1\n```\nthen\n```python\nx = 2\n```", "x = 2\n"),
         ("```python\nx = 3\n", "x = 3\n"),  # cut off by the token limit
+        ("```python def f(x): return x```", "def f(x): return x"),  # one line, as typed in `turnrl play`
+        ("```pythonic\nx = 1\n```", "pythonic\nx = 1\n"),  # not a language tag
         ("no code here", None),
         ("`x = 1`", None),
     ],

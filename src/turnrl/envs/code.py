@@ -42,7 +42,8 @@ from turnrl.envs.base import Env
 from turnrl.sandbox import Limits, SandboxResult, check_isolation, run_python
 
 _RESULT_MARK = "@@turnrl-result@@"
-_CODE_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.IGNORECASE | re.DOTALL)
+# A fence, an optional language tag, then the code: on the next line, or on the same line (```python x = 1```).
+_CODE_BLOCK = re.compile(r"```(?:[ \t]*(?:python3|python|py)(?=\s))?[ \t]*\n?(.*?)(?:```|\Z)", re.IGNORECASE | re.DOTALL)
 _ANSWER_HINT = "Answer with the complete function in a ```python code block."
 # At most this many sandboxed test runs at once in this process (the collector steps many episodes together).
 _RUN_SLOTS = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
@@ -327,7 +328,8 @@ def make_task(rng: random.Random, template: str, num_tests: int) -> CodeTask:
 def extract_code(text: str) -> str | None:
     """The body of the last fenced code block (```python, ```py or bare ```) in ``text``; None if there is none.
 
-    A block cut off by the token limit (no closing fence) still counts.
+    A block cut off by the token limit (no closing fence) still counts, and so does a one-line block
+    (```` ```python def f(x): return x``` ````, what a person can type in ``turnrl play``).
     """
     blocks = _CODE_BLOCK.findall(text)
     return blocks[-1] if blocks else None

@@ -408,7 +408,7 @@ class WebShop(Env):
             if not hits:
                 lines.append("No products match. Go back and search with other words.")
             navigation = [b for b in buttons if b in (BACK, PREV, NEXT)]
-            lines.append("Actions: " + ", ".join(f"click[{b}]" for b in navigation) + ", click[<product id>]")
+            lines.append("Actions: " + ", ".join(f"click[{b}]" for b in navigation) + (", click[<product id>]" if hits else ""))
             return "\n".join(lines)
         product = shop.by_asin[v.asin]
         lines += [product.title, f"Price: ${product.price:.2f}"]
