@@ -2,7 +2,8 @@
 
 Built-in ids (``turnrl envs`` lists them): ``frozenlake-v0``, ``sokoban-v0``, ``code-v0`` (runs code in
 ``turnrl.sandbox``) and ``webshop-v0``. Their modules are imported on the first ``make``.
-Adapter ids (``openenv-v0``, ``textarena-v0``, ``reasoning-gym-v0``, ``gym-*-v0``) wrap other standards' envs; see :mod:`turnrl.envs.adapters`.
+Adapter ids (``openenv-v0``, ``textarena-v0``, ``reasoning-gym-v0``, ``gym-*-v0``) wrap other
+standards' envs; see :mod:`turnrl.envs.adapters`.
 """
 
 from turnrl.envs import wrappers
