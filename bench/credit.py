@@ -1,0 +1,200 @@
+"""Credit-assignment comparison: GRPO, RLOO, REINFORCE++, turn-level PPO-GAE and GiGPO under one budget.
+
+Each estimator trains the default model (SmolLM2-135M-Instruct) from scratch on each env with the same
+budget (steps, tasks per step, group size, evaluation) over several seeds; the training task seeds of a
+seed index are the same for every estimator (paired comparison), and evaluation uses held-out seeds.
+
+Envs: FrozenLake with *slippery* random 4x4 maps (configs/default.yaml + ``env.kwargs.slippery=true``)
+and Sokoban (configs/sokoban.yaml, episodes capped at ``--sokoban-turns``).
+
+Outputs in ``--out`` (default ``runs/credit_bench``, git-ignored): ``results.md`` (a table of final / best held-out
+greedy success per estimator and env, mean over seeds, and the *steps-to-GRPO-final ratio*: the first
+evaluation step at which an estimator's seed-mean success reaches GRPO's final seed-mean success,
+divided by the step at which GRPO itself first reaches it; < 1 = faster than GRPO, "never" = not reached),
+``curves.json`` (every evaluation of every run) and ``success_vs_step.png`` (matplotlib: ``pip install
+'turnrl[bench]'``).
+
+    python bench/credit.py                          # default budget, sized for < 2 h on 2 CPU cores
+    python bench/credit.py --steps 1 --tasks 1 --group 2 --eval-tasks 2 --seeds 1   # end-to-end check
+
+The projected wall time is printed before anything runs (``--dry-run`` prints it and stops). It is a
+rough model calibrated on the default recipe's measured step time (bench/RESULTS.md: ~25 s per step of
+32 FrozenLake episodes, i.e. ~0.8 s per episode); the Sokoban and critic factors are estimates, not
+measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ESTIMATORS: dict[str, list[str]] = {
+    "grpo": ["algo.estimator=grpo"],
+    "rloo": ["algo.estimator=rloo"],
+    "reinforce_pp": ["algo.estimator=reinforce_pp"],
+    "ppo_turn": ["algo.estimator=ppo_turn", "algo.critic=head", "algo.lam=0.95"],
+    "gigpo": ["algo.estimator=gigpo"],
+}
+ENVS: dict[str, tuple[str, list[str]]] = {
+    "frozenlake-slippery": ("default.yaml", ["env.kwargs.slippery=true"]),
+    "sokoban": ("sokoban.yaml", []),
+}
+# seconds per training episode (rollout + update) and per greedy eval episode; see the module docstring
+SEC_PER_EPISODE = {"frozenlake-slippery": 0.8, "sokoban": 2.0}
+SEC_PER_EVAL_EPISODE = {"frozenlake-slippery": 0.3, "sokoban": 0.8}
+CRITIC_FACTOR = 1.4  # extra value forward/backward of the head (estimate)
+SETUP_S = 10.0  # model load and first-shape warm-up per run
+
+
+def projected_seconds(args) -> float:
+    total = 0.0
+    evals = args.steps // max(1, args.eval_every) + 2  # at start, every N, at the end
+    for env in args.envs:
+        turn_scale = args.sokoban_turns / 20 if env == "sokoban" else 1.0
+        for est in args.estimators:
+            train_s = args.steps * args.tasks * args.group * SEC_PER_EPISODE[env] * turn_scale
+            train_s *= CRITIC_FACTOR if est == "ppo_turn" else 1.0
+            eval_s = evals * args.eval_tasks * SEC_PER_EVAL_EPISODE[env] * turn_scale
+            total += args.seeds * (SETUP_S + train_s + eval_s)
+    return total
+
+
+def run_one(env: str, est: str, seed: int, args) -> list[dict]:
+    """Train one (env, estimator, seed) and return its evaluation rows."""
+    from turnrl.config import load_config
+    from turnrl.monitor.sinks import read_metrics
+    from turnrl.train import build, train
+
+    config, env_over = ENVS[env]
+    overrides = [
+        *env_over, *ESTIMATORS[est],
+        f"train.steps={args.steps}", f"rollout.tasks_per_step={args.tasks}", f"rollout.group_size={args.group}",
+        f"eval.num_tasks={args.eval_tasks}", f"eval.every={args.eval_every}", f"train.seed={seed}",
+        f"train.seed_start={10_000 * seed}", "log.progress=false", "log.tensorboard=false", "log.checkpoint_every=0",
+        f"log.run_dir={args.out / 'runs'}", f"log.name={env}-{est}-seed{seed}", "log.sample_trajectories=0",
+    ]
+    if env == "sokoban":
+        overrides.append(f"env.max_turns={args.sokoban_turns}")
+    cfg = load_config(ROOT / "configs" / config, overrides + list(args.overrides))
+    run_dir = train(cfg, components=build(cfg))
+    return [
+        {"step": r["step"], "success": r["eval/success_rate"], "wall_s": r.get("perf/wall_s", 0.0)}
+        for r in read_metrics(run_dir / "metrics.jsonl") if "eval/success_rate" in r
+    ]
+
+
+def mean_curve(runs: list[list[dict]]) -> list[tuple[int, float]]:
+    """Seed-mean success at each evaluation step present in every run."""
+    steps = sorted(set.intersection(*[{r["step"] for r in run} for run in runs])) if runs else []
+    return [(s, statistics.fmean(next(r["success"] for r in run if r["step"] == s) for run in runs)) for s in steps]
+
+
+def first_reaching(curve: list[tuple[int, float]], level: float) -> int | None:
+    return next((s for s, v in curve if s > 0 and v >= level), None)
+
+
+def summarise(curves: dict, args) -> str:
+    lines = [
+        f"### Credit assignment comparison — {time.strftime('%Y-%m-%d %H:%M')}",
+        "",
+        f"Command: `python bench/credit.py {' '.join(sys.argv[1:])}`. Budget per run: {args.steps} steps x {args.tasks} tasks "
+        f"x {args.group} episodes; greedy eval on {args.eval_tasks} held-out tasks every {args.eval_every} steps; "
+        f"{args.seeds} seed(s). Success = seed-mean held-out greedy success.",
+        "",
+        "| env | estimator | start | final | best | steps-to-GRPO-final ratio |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for env in args.envs:
+        grpo = mean_curve(curves[env].get("grpo", []))
+        target = grpo[-1][1] if grpo else None
+        grpo_steps = first_reaching(grpo, target) if target is not None else None
+        for est in args.estimators:
+            curve = mean_curve(curves[env][est])
+            if not curve:
+                continue
+            ratio = "n/a"
+            if target is not None and grpo_steps:
+                reach = first_reaching(curve, target)
+                ratio = f"{reach / grpo_steps:.2f}" if reach else "never"
+            elif target is not None:
+                ratio = "n/a (GRPO final not reached after step 0)"
+            best = max(v for _, v in curve)
+            lines.append(f"| {env} | {est} | {curve[0][1]:.3f} | {curve[-1][1]:.3f} | {best:.3f} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(curves: dict, args, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("bench/credit.py plots with matplotlib, which is not installed. Fix: pip install 'turnrl[bench]'") from None
+    fig, axes = plt.subplots(1, len(args.envs), figsize=(6 * len(args.envs), 4), squeeze=False)
+    for ax, env in zip(axes[0], args.envs):
+        for est in args.estimators:
+            curve = mean_curve(curves[env][est])
+            if curve:
+                ax.plot([s for s, _ in curve], [v for _, v in curve], marker="o", label=est)
+        ax.set_title(f"{env} ({args.seeds} seed(s))")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("held-out greedy success")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=12, help="training steps per run (the budget)")
+    ap.add_argument("--tasks", type=int, default=2, help="tasks per step")
+    ap.add_argument("--group", type=int, default=8, help="episodes per task")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per (env, estimator)")
+    ap.add_argument("--eval-tasks", type=int, default=32, help="held-out tasks per evaluation")
+    ap.add_argument("--eval-every", type=int, default=4, help="evaluate every N steps")
+    ap.add_argument("--sokoban-turns", type=int, default=12, help="Sokoban turn limit (configs/sokoban.yaml has 20)")
+    ap.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=list(ESTIMATORS))
+    ap.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "credit_bench")
+    ap.add_argument("--dry-run", action="store_true", help="print the projected time and stop")
+    ap.add_argument("overrides", nargs="*", help="extra key=value config overrides for every run")
+    args = ap.parse_args()
+    if "grpo" not in args.estimators:
+        args.estimators = ["grpo", *args.estimators]  # the ratio is relative to GRPO
+
+    runs = len(args.envs) * len(args.estimators) * args.seeds
+    proj = projected_seconds(args)
+    print(f"{runs} runs; projected total time ~{proj / 60:.0f} min ({proj / 3600:.1f} h) on this machine", flush=True)
+    if args.dry_run:
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    curves: dict = {env: {est: [] for est in args.estimators} for env in args.envs}
+    t0 = time.perf_counter()
+    for env in args.envs:
+        for est in args.estimators:
+            for seed in range(args.seeds):
+                t = time.perf_counter()
+                curves[env][est].append(run_one(env, est, seed, args))
+                print(f"[{time.perf_counter() - t0:6.0f} s] {env} {est} seed {seed}: final success "
+                      f"{curves[env][est][-1][-1]['success']:.3f} ({time.perf_counter() - t:.0f} s)", flush=True)
+    (args.out / "curves.json").write_text(json.dumps(curves, indent=1))
+    table = summarise(curves, args)
+    (args.out / "results.md").write_text(table)
+    plot(curves, args, args.out / "success_vs_step.png")
+    print(table)
+    print(f"wrote {args.out / 'results.md'}, {args.out / 'curves.json'}, {args.out / 'success_vs_step.png'} "
+          f"in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
