@@ -237,3 +237,24 @@ def test_final_tools_must_exist():
 
     with pytest.raises(ValueError, match=r"final_tools \['submit'\] are not among the tools"):
         Broken()
+
+
+@pytest.mark.parametrize("config", ["countdown", "searchqa", "sql"])
+def test_shipped_tool_env_config_trains_two_steps_with_a_tiny_model(tmp_path, tokenizer, config):
+    """The configs' env, context and credit settings run through the real loop (the prompt, with the tools and
+    few-shot tool exchanges, fits the context budget; a tiny random model only produces invalid turns)."""
+    from pathlib import Path
+
+    from turnrl.config import load_config
+    from turnrl.models import tiny_model
+    from turnrl.monitor.sinks import read_metrics
+    from turnrl.train import build, train
+
+    path = Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml"
+    overrides = ["train.steps=2", "rollout.tasks_per_step=1", "rollout.group_size=2", "rollout.max_new_tokens=4",
+                 "env.max_turns=2", "eval.every=0", "eval.at_start=false", "log.progress=false", "log.tensorboard=false",
+                 "train.micro_batch_tokens=4096", "model.autocast_bf16=false", f"log.run_dir={tmp_path}", f"log.name={config}"]
+    cfg = load_config(path, overrides)
+    run_dir = train(cfg, components=build(cfg, model=tiny_model(tokenizer, seed=0), tokenizer=tokenizer))
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert rows[-1]["step"] == 2 and rows[-1]["rollout/valid_action_rate"] == 0.0
