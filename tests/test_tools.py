@@ -239,10 +239,9 @@ def test_final_tools_must_exist():
         Broken()
 
 
-@pytest.mark.parametrize("config", ["countdown", "searchqa", "sql"])
-def test_shipped_tool_env_config_trains_two_steps_with_a_tiny_model(tmp_path, tokenizer, config):
-    """The configs' env, context and credit settings run through the real loop (the prompt, with the tools and
-    few-shot tool exchanges, fits the context budget; a tiny random model only produces invalid turns)."""
+def test_the_countdown_config_trains_two_steps_with_a_tiny_model(tmp_path, tokenizer):
+    """The config's env, full context and credit settings run through the real loop (a tiny random model
+    only produces invalid turns). One env is enough here: the loop does not know which tool env it runs."""
     from pathlib import Path
 
     from turnrl.config import load_config
@@ -250,11 +249,37 @@ def test_shipped_tool_env_config_trains_two_steps_with_a_tiny_model(tmp_path, to
     from turnrl.monitor.sinks import read_metrics
     from turnrl.train import build, train
 
-    path = Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml"
+    path = Path(__file__).resolve().parents[1] / "configs" / "countdown.yaml"
     overrides = ["train.steps=2", "rollout.tasks_per_step=1", "rollout.group_size=2", "rollout.max_new_tokens=4",
                  "env.max_turns=2", "eval.every=0", "eval.at_start=false", "log.progress=false", "log.tensorboard=false",
-                 "train.micro_batch_tokens=4096", "model.autocast_bf16=false", f"log.run_dir={tmp_path}", f"log.name={config}"]
+                 "rollout.few_shot=false", "train.micro_batch_tokens=4096", "model.autocast_bf16=false",
+                 f"log.run_dir={tmp_path}", "log.name=countdown"]
     cfg = load_config(path, overrides)
     run_dir = train(cfg, components=build(cfg, model=tiny_model(tokenizer, seed=0), tokenizer=tokenizer))
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert rows[-1]["step"] == 2 and rows[-1]["rollout/valid_action_rate"] == 0.0
+
+
+@pytest.mark.parametrize("config", ["countdown", "searchqa", "sql"])
+def test_shipped_configs_leave_room_for_the_oracle(tokenizer, config):
+    """Under each shipped config, every gold call fits max_new_tokens and a whole oracle episode in full context
+    (system prompt with the tools, few-shot exchanges, every call and result) fits max_context_tokens."""
+    from pathlib import Path
+
+    from turnrl.agent.chat import ChatRenderer
+    from turnrl.config import load_config
+    from turnrl.envs import make
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml")
+    assert cfg.rollout.context == "full"
+    env = make(cfg.env.id, max_turns=cfg.env.max_turns)
+    for seed in range(10):
+        obs, _ = env.reset(seed=seed)
+        renderer = ChatRenderer(tokenizer, env.instructions, env.examples(), few_shot=cfg.rollout.few_shot)
+        total = len(renderer.full_initial_prompt(obs))
+        for action in env.solve():
+            response = len(tokenizer(action, add_special_tokens=False)["input_ids"])
+            assert response + 1 <= cfg.rollout.max_new_tokens, (seed, action)
+            obs, *_ = env.step(action)
+            total += response + len(renderer.full_continuation(obs, True))
+        assert total <= cfg.rollout.max_context_tokens, (seed, total)
