@@ -169,9 +169,14 @@ def test_wrappers_await_the_inner_coroutines_and_forward_everything():
 
 # ---- check_env --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("env_id", sorted(registered()))
+# Registered ids that cannot pass with default arguments and random_tasks=True:
+_NEEDS_SERVER = {"openenv-v0"}  # needs url=...; tests/test_adapters_openenv.py checks it on a loopback server
+_FIXED_OR_HIDDEN_TASK = {"gym-cliffwalking-v0", "textarena-v0"}  # one fixed grid; a secret number hidden at reset
+
+
+@pytest.mark.parametrize("env_id", sorted(set(registered()) - _NEEDS_SERVER))
 def test_every_registered_env_passes_check_env(env_id):
-    check_env(env_id, random_tasks=True)
+    check_env(env_id, random_tasks=env_id not in _FIXED_OR_HIDDEN_TASK)
 
 
 def test_check_env_passes_a_fixed_task_env_and_warns_it_looks_fixed():

@@ -132,7 +132,7 @@ def cmd_play(args) -> int:
 
     try:
         play(args.env, seed=args.seed, **kwargs)
-    except (UnknownEnvError, TypeError, ValueError) as e:
+    except (UnknownEnvError, TypeError, ValueError, ImportError) as e:  # ImportError: an adapter's optional package
         raise ConfigError(str(e)) from None
     return 0
 
