@@ -16,7 +16,8 @@ group size (TRL ``num_generations``), max completion length, sampling (temperatu
 AdamW (lr, betas (0.9, 0.99), no weight decay, constant schedule, grad-norm clip 1.0), one optimizer step per
 batch of ``tasks * group`` completions, no KL term (TRL ``beta=0``), the clipped surrogate with
 (eps_low, eps_high) = (0.2, 0.28) (TRL ``epsilon``/``epsilon_high``), token-mean loss over the batch (TRL
-``loss_type="dapo"``), group-normalised advantages (TRL ``scale_rewards="group"``), 2 torch threads.
+``loss_type="dapo"``), group-normalised advantages (TRL ``scale_rewards="group"``), no activation
+checkpointing (TRL's GRPO default turns it on; switched off here), 2 torch threads.
 
 Remaining differences (their APIs do not expose the same knob): both divide the advantage by the group's
 sample std, plus 1e-6 in turnrl and 1e-4 in TRL; turnrl drops samples whose advantage is zero (groups with
@@ -33,7 +34,7 @@ Held-out evaluation is one function for both: greedy decoding (bf16 autocast) of
 ``--eval-tasks`` unseen maps (seeds from 1,000,000), scored by the env. The untrained model's score is
 measured once (both sides start from the same weights).
 
-    python bench/vs_trl.py [--steps 8 --tasks 4 --group 8 --max-new-tokens 8 --engines hf,native] [--no-write]
+    python bench/vs_trl.py [--steps 8 --tasks 4 --group 8 --max-new-tokens 8 --engines hf,native] [--parallel] [--no-write]
 
 Needs ``pip install 'turnrl[bench]'`` (TRL is a benchmark-only dependency).
 """
@@ -42,12 +43,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -217,6 +220,7 @@ def run_trl(args, task: Task, eval_seeds: list[int], out_dir: Path) -> Side:
         beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group", num_iterations=1,
         max_steps=args.steps, shuffle_dataset=False, logging_steps=1, save_strategy="no", report_to=[],
         dataloader_num_workers=0, disable_tqdm=True,
+        gradient_checkpointing=False,  # TRL defaults it on; turnrl does not recompute activations
     )
     timer = StepTimer()
     tokenizer = load_tokenizer("default")
@@ -243,6 +247,11 @@ def main() -> int:
     ap.add_argument("--engines", default="hf,native", help="turnrl rollout engines to run, comma-separated")
     ap.add_argument("--no-trl-bf16", dest="trl_bf16", action="store_false", help="run TRL in float32 (default: bf16 autocast)")
     ap.add_argument("--skip-trl", action="store_true", help="turnrl only (debugging)")
+    ap.add_argument("--parallel", action="store_true",
+                    help="run every side at once, each in its own process (on a machine other jobs load unevenly, the "
+                         "sides then share the same conditions; on an idle machine run them one after another)")
+    ap.add_argument("--side", help=argparse.SUPPRESS)  # internal: run one side ('hf', 'native' or 'trl'), write JSON to --out
+    ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--no-write", action="store_true", help="print only; do not append to bench/RESULTS.md")
     args = ap.parse_args()
     if not args.skip_trl:
@@ -255,19 +264,37 @@ def main() -> int:
     task = Task(tokenizer)
     train_seeds = list(range(args.steps * args.tasks))
     eval_seeds = [EVAL_SEED_START + i for i in range(args.eval_tasks)]
-    task.check_trl_tokenisation(train_seeds[:2] + eval_seeds[:2])
-    t0 = time.perf_counter()
-    base_reward, base_valid = evaluate_greedy(load_model("default", dtype=torch.float32), task, eval_seeds, args.max_new_tokens)
-    print(f"untrained: held-out greedy reward {base_reward:+.3f}, valid {base_valid:.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    names = [e for e in args.engines.split(",") if e] + ([] if args.skip_trl else ["trl"])
 
+    def run_side(name: str, tmp: Path) -> Side:
+        side = run_trl(args, task, eval_seeds, tmp) if name == "trl" else run_turnrl(args, name, task, eval_seeds, tmp)
+        print(json.dumps({"side": side.name, "step_s": side.step_s, "batch_reward": side.batch_reward}), flush=True)
+        return side
+
+    if args.side:  # one side, for --parallel
+        with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
+            Path(args.out).write_text(json.dumps(asdict(run_side(args.side, Path(tmp)))))
+        return 0
+
+    task.check_trl_tokenisation(train_seeds[:2] + eval_seeds[:2])
     sides: list[Side] = []
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
-        for engine in [e for e in args.engines.split(",") if e]:
-            sides.append(run_turnrl(args, engine, task, eval_seeds, Path(tmp)))
-            print(json.dumps({"side": sides[-1].name, "step_s": sides[-1].step_s, "batch_reward": sides[-1].batch_reward}), flush=True)
-        if not args.skip_trl:
-            sides.append(run_trl(args, task, eval_seeds, Path(tmp)))
-            print(json.dumps({"side": sides[-1].name, "step_s": sides[-1].step_s, "batch_reward": sides[-1].batch_reward}), flush=True)
+        procs = []
+        if args.parallel:
+            passthrough = [a for a in sys.argv[1:] if a != "--parallel"]
+            for name in names:
+                out = Path(tmp) / f"{name}.json"
+                procs.append((out, subprocess.Popen([sys.executable, __file__, *passthrough, "--side", name, "--out", str(out)])))
+        t0 = time.perf_counter()
+        base_reward, base_valid = evaluate_greedy(load_model("default", dtype=torch.float32), task, eval_seeds, args.max_new_tokens)
+        print(f"untrained: held-out greedy reward {base_reward:+.3f}, valid {base_valid:.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        if args.parallel:
+            for out, proc in procs:
+                if proc.wait() != 0:
+                    raise SystemExit(f"a side failed (exit {proc.returncode}); its output is above")
+                sides.append(Side(**json.loads(out.read_text())))
+        else:
+            sides = [run_side(name, Path(tmp)) for name in names]
 
     trl_side = next((s for s in sides if s.name.startswith("TRL")), None)
     cmd = "python bench/vs_trl.py " + " ".join(sys.argv[1:])
@@ -278,7 +305,8 @@ def main() -> int:
         f"SmolLM2-135M-Instruct (default), {args.steps} steps x {args.tasks} prompts x {args.group} completions, "
         f"<= {args.max_new_tokens} new tokens, lr {args.lr:g}, no KL. Held-out: greedy on {args.eval_tasks} unseen maps, "
         f"same function for both; untrained model: reward {base_reward:+.3f}, valid {base_valid:.2f}. "
-        "Shared 2-core machine, other jobs running: times are noisy.",
+        f"Sides run {'at the same time, one process each' if args.parallel else 'one after another'}; "
+        f"shared 2-core machine (load average {os.getloadavg()[0]:.1f} at the end), other jobs running: times are noisy.",
         "",
         "| trainer | s/step median | s/step mean | batch reward step 1 | batch reward last step | held-out greedy reward | held-out valid | TRL time / this |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
