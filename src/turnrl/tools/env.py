@@ -95,6 +95,9 @@ class ToolEnv(Env):
 
     Subclasses implement :meth:`build_tools`, :meth:`new_task`, :meth:`task_observation`, :meth:`task_key`,
     :meth:`verify` and :meth:`oracle_calls`, and set ``task_description``, ``final_tools`` and ``reward_names``.
+    ``build_tools`` runs inside ``ToolEnv.__init__``: set what it needs before calling ``super().__init__()``.
+    Tools run synchronously (``astep`` is the base class's), so a slow tool holds up an asyncio collector for
+    up to its time limit.
 
     Args:
         max_actions_per_turn: how many calls one response may carry; extra ones are ignored (and said so).
