@@ -24,7 +24,8 @@ sample std, plus 1e-6 in turnrl and 1e-4 in TRL; turnrl drops samples whose adva
 equal rewards; ``algo.skip_zero_advantage``, its default) before the update, so its token mean runs over the
 informative groups' tokens only, while TRL's ``dapo`` mean also counts the zero-advantage tokens (same
 gradient direction, a larger step in turnrl when some groups are uninformative); turnrl packs its update into token-budget
-micro-batches (``train.micro_batch_tokens``) while TRL runs one padded batch of all completions; TRL pads
+micro-batches (``train.micro_batch_tokens``) while TRL accumulates gradients over one padded micro-batch per
+prompt group (``gradient_accumulation_steps=tasks``; one batch of all 32 completions ran out of memory); TRL pads
 prompts and computes the whole prompt for every completion, turnrl computes the shared prefix once. turnrl's
 per-step time comes from its own ``perf/wall_s`` (rollout, credit, update, weight sync, logging); TRL's is the
 time between consecutive ``on_step_end`` callbacks (generation, reward, update, its logging). Model loading
@@ -213,7 +214,9 @@ def run_trl(args, task: Task, eval_seeds: list[int], out_dir: Path) -> Side:
 
     config = GRPOConfig(
         output_dir=str(out_dir / "trl"), use_cpu=True, bf16=args.trl_bf16, seed=0, data_seed=0,
-        per_device_train_batch_size=args.tasks * args.group, gradient_accumulation_steps=1,
+        per_device_train_batch_size=args.group, gradient_accumulation_steps=args.tasks,  # one prompt's group per micro-batch:
+        # one batch of all completions was OOM-killed at 12.9 GB; one generation per optimizer step either way
+        generation_batch_size=args.tasks * args.group,
         num_generations=args.group, max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
         learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta1=0.9,
         adam_beta2=0.99, max_grad_norm=1.0, optim="adamw_torch",
@@ -290,9 +293,12 @@ def main() -> int:
         print(f"untrained: held-out greedy reward {base_reward:+.3f}, valid {base_valid:.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
         if args.parallel:
             for out, proc in procs:
-                if proc.wait() != 0:
-                    raise SystemExit(f"a side failed (exit {proc.returncode}); its output is above")
+                if proc.wait() != 0:  # report the sides that finished; say which did not (exit -9: killed, e.g. out of memory)
+                    print(f"side {out.stem} failed (exit {proc.returncode}); its output is above", file=sys.stderr)
+                    continue
                 sides.append(Side(**json.loads(out.read_text())))
+            if not sides:
+                raise SystemExit("every side failed; their output is above")
         else:
             sides = [run_side(name, Path(tmp)) for name in names]
 
