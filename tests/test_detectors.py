@@ -5,7 +5,8 @@ import math
 import pytest
 
 from turnrl.monitor.detectors import (
-    EntropyCollapse, GradSpike, InvalidActionExploit, KLBlowup, LengthExplosion, NonFinite, RewardHacking, default_detectors,
+    EntropyCollapse, GradSpike, InvalidActionExploit, KLBlowup, LengthExplosion, NonFinite, RewardHacking, TemplateCollapse,
+    default_detectors,
 )
 
 
@@ -16,7 +17,7 @@ def healthy(step):
         "rollout/reward/outcome": 0.05 + 0.03 * step, "rollout/reward/progress": 0.05 + 0.01 * step,
         "rollout/valid_action_rate": min(1.0, 0.8 + 0.01 * step), "rollout/response_tokens": 3.0 + 0.05 * (step % 3),
         "train/entropy": 2.0 * 0.97 ** step, "train/grad_norm": 1.0 + 0.1 * (step % 4), "train/kl": 0.01 * step,
-        "train/approx_kl": 0.001, "train/loss": 0.1,
+        "train/approx_kl": 0.001, "train/loss": 0.1, "rollout/cross_input_similarity": 0.85 + 0.05 * (step % 3),
     }
     if step % 5 == 0:
         m["eval/success_rate"] = 0.03 * step
@@ -52,6 +53,27 @@ def test_kl_blowup():
 def test_grad_spike():
     stream = [dict(healthy(s), **{"train/grad_norm": 1.0 if s != 8 else 50.0}) for s in range(12)]
     assert [a.step for a in run(GradSpike(), stream)] == [8]
+
+
+def test_template_collapse():
+    stream = [dict(healthy(s), **{"rollout/cross_input_similarity": 0.35 if s < 8 else 1.0}) for s in range(16)]
+    alerts = run(TemplateCollapse(), stream)
+    assert [a.step for a in alerts] == [12] and alerts[0].evidence["baseline_similarity"] == pytest.approx(0.35)
+
+
+def test_cross_input_similarity_compares_first_responses_of_different_tasks():
+    from turnrl.train import cross_input_similarity
+    from turnrl.types import Trajectory, TrajectoryGroup, Turn
+
+    def group(seed, *responses):
+        g = TrajectoryGroup(env_id="x", seed=seed)
+        for r in responses:
+            g.trajectories.append(Trajectory(env_id="x", seed=seed, turns=[Turn(prompt_ids=[0], response_ids=r, logprobs=[0.0] * len(r), observation="o", response_text="r")]))
+        return g
+
+    assert cross_input_similarity([group(0, [1, 2]), group(1, [1, 2])]) == 1.0
+    assert cross_input_similarity([group(0, [1, 2], [5]), group(1, [2, 3], [6])]) == pytest.approx((1 / 3 + 0) / 2)
+    assert cross_input_similarity([group(0, [1])]) is None
 
 
 def test_length_explosion():

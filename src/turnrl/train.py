@@ -202,6 +202,9 @@ def rollout_metrics(groups: list[TrajectoryGroup], prefix: str = "rollout") -> d
     }
     for why in Termination:
         m[f"{prefix}/termination/{why.value}"] = sum(t.termination == why for t in trajs) / n
+    similarity = cross_input_similarity(groups)
+    if similarity is not None:
+        m[f"{prefix}/cross_input_similarity"] = similarity
     comps: dict[str, float] = {}
     for t in trajs:
         for k, v in t.reward_components.items():
@@ -209,6 +212,23 @@ def rollout_metrics(groups: list[TrajectoryGroup], prefix: str = "rollout") -> d
     for k, v in comps.items():
         m[f"{prefix}/reward/{k}"] = v / n
     return m
+
+
+def cross_input_similarity(groups: list[TrajectoryGroup], max_pairs: int = 256) -> float | None:
+    """Mean token-set Jaccard similarity of first-turn responses to different tasks (the echo-trap signal).
+
+    Pairs are taken across groups (different tasks) in a fixed order, at most ``max_pairs``. None with fewer
+    than two groups.
+    """
+    firsts = [[set(t.turns[0].response_ids) for t in g.trajectories if t.turns] for g in groups]
+    sims = []
+    for i in range(len(firsts)):
+        for j in range(i + 1, len(firsts)):
+            for a, b in zip(firsts[i], firsts[j]):
+                sims.append(len(a & b) / len(a | b) if a | b else 1.0)
+                if len(sims) >= max_pairs:
+                    return sum(sims) / len(sims)
+    return sum(sims) / len(sims) if sims else None
 
 
 def evaluate(c: Components, seeds: list[int] | None = None) -> dict[str, float]:

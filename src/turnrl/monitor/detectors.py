@@ -219,5 +219,39 @@ class InvalidActionExploit(Detector):
         return None
 
 
+class TemplateCollapse(Detector):
+    """Echo trap (RAGEN): responses to *different* inputs become near-identical.
+
+    Reads ``rollout/cross_input_similarity`` (mean token-set Jaccard similarity of first-turn responses to
+    different tasks). Tasks with a small action vocabulary are similar from the start, so the detector
+    compares with the run's own first ``window`` steps: it fires when the mean of the last ``window`` steps is
+    at least ``level`` and above that baseline by ``min_rise``.
+    """
+
+    name = "template_collapse"
+
+    def __init__(self, window: int = 5, level: float = 0.9, min_rise: float = 0.3) -> None:
+        self.window, self.level, self.min_rise = window, level, min_rise
+        self.values: list[float] = []
+        self.fired = False
+
+    def update(self, step, metrics):
+        v = metrics.get("rollout/cross_input_similarity")
+        if v is None or self.fired:
+            return None
+        self.values.append(v)
+        if len(self.values) < 2 * self.window:
+            return None
+        base = sum(self.values[: self.window]) / self.window
+        recent = sum(self.values[-self.window :]) / self.window
+        if recent >= self.level and recent - base >= self.min_rise:
+            self.fired = True
+            return Alert(self.name, step, f"responses to different tasks have become near-identical: similarity "
+                         f"{recent:.2f} over the last {self.window} steps, {base:.2f} at the start",
+                         {"recent_similarity": recent, "baseline_similarity": base})
+        return None
+
+
 def default_detectors() -> list[Detector]:
-    return [NonFinite(), EntropyCollapse(), KLBlowup(), GradSpike(), LengthExplosion(), RewardHacking(), InvalidActionExploit()]
+    return [NonFinite(), EntropyCollapse(), TemplateCollapse(), KLBlowup(), GradSpike(), LengthExplosion(), RewardHacking(),
+            InvalidActionExploit()]
