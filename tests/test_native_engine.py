@@ -10,22 +10,9 @@ from turnrl.engines.native import NativeEngine, UnsupportedModelError
 from turnrl.envs import make
 from turnrl.rollout import Collector, ContextSpec
 
+from tests.test_engine import _hf_greedy, _prompts
+
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
-
-
-def _prompts(tokenizer):
-    head = [{"role": "system", "content": "You play a grid game. Answer with Left, Down, Right or Up. " * 3}]
-    qs = ["PFFH\nFHFF\nFFFG", "SFFF\nFHPH\nFFFG\nwhich way?", "hello", "What is 2+2?"]
-    return [
-        tokenizer(tokenizer.apply_chat_template(head + [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
-                  add_special_tokens=False)["input_ids"]
-        for q in qs
-    ]
-
-
-def _hf_greedy(model, prompt, n):
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=[])
-    return out[0, len(prompt):].tolist()
 
 
 def _recomputed_logprobs(model, prompt, completion, temperature):
