@@ -64,6 +64,7 @@ def test_two_step_smoke_run_writes_a_run_directory(tmp_path, tokenizer, context)
     traj = json.loads((run_dir / "trajectories.jsonl").read_text().splitlines()[0])
     assert traj["turns"] and "advantage" in traj["turns"][0]
     assert rows[-1]["train/num_tokens"] > 0 and rows[-1]["train/grad_norm"] > 0
+    assert 0.05 < rows[-1]["perf/max_rss_gb"] < 64  # a real measurement in GB, not KiB or bytes
 
 
 def test_smoke_run_with_kl_to_a_frozen_reference(tmp_path, tokenizer):

@@ -396,7 +396,16 @@ def step_metrics(c: Components, advantages, samples, t_rollout: float, t_train: 
         "perf/generate_tokens_per_s": st.generated_tokens / max(st.generate_s, 1e-9),
         "perf/train_tokens_per_s": sum(len(s) for s in samples) / max(t_train, 1e-9),
         "perf/wall_s": time.perf_counter() - t_start,
+        "perf/max_rss_gb": peak_rss_gb(),
     }
+
+
+def peak_rss_gb() -> float:
+    """Peak resident memory of this process so far, in GB (Linux reports KiB, macOS bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
 
 
 def train(cfg: Config, resume: Path | None = None, components: Components | None = None, run_dir: Path | None = None) -> Path:
