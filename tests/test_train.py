@@ -65,6 +65,7 @@ def test_two_step_smoke_run_writes_a_run_directory(tmp_path, tokenizer, context)
     assert traj["turns"] and "advantage" in traj["turns"][0]
     assert rows[-1]["train/num_tokens"] > 0 and rows[-1]["train/grad_norm"] > 0
     assert 0.05 < rows[-1]["perf/max_rss_gb"] < 64  # a real measurement in GB, not KiB or bytes
+    assert "trajectory" in (run_dir / "report.html").read_text().lower()  # the report is part of the run directory
 
 
 def test_smoke_run_with_kl_to_a_frozen_reference(tmp_path, tokenizer):

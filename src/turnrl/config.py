@@ -147,6 +147,7 @@ class LogConfig(_Section):
     checkpoint_every: int = Field(10, ge=0, description="save a checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="how many recent checkpoints to keep")
     sample_trajectories: int = Field(4, ge=0, description="trajectories per step written to trajectories.jsonl")
+    report: bool = Field(True, description="write RUN/report.html (curves, alerts, trajectory viewer) when training ends or stops")
     wandb: bool = Field(False, description="also log metrics to Weights & Biases (pip install 'turnrl[wandb]'; "
                                            "WANDB_MODE=offline keeps them local)")
     wandb_project: str = Field("turnrl", description="W&B project (the run is named after the run directory)")

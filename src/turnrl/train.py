@@ -400,6 +400,16 @@ def step_metrics(c: Components, advantages, samples, t_rollout: float, t_train: 
     }
 
 
+def write_run_report(run_dir: Path, progress: "_progress") -> None:
+    """``RUN/report.html``; a failure here is reported, never allowed to lose the finished run."""
+    from turnrl.monitor.report import write_report
+
+    try:
+        write_report(run_dir)
+    except Exception as e:  # noqa: BLE001 - the checkpoint and metrics are already on disk
+        progress.write(f"could not write {run_dir / 'report.html'} ({type(e).__name__}: {e}); try `turnrl report {run_dir}`")
+
+
 def peak_rss_gb() -> float:
     """Peak resident memory of this process so far, in GB (Linux reports KiB, macOS bytes)."""
     import resource
@@ -496,6 +506,8 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         if out_of_time or stop:
             break
     progress.close()
+    if cfg.log.report:
+        write_run_report(run_dir, progress)
     logger.close()
     return run_dir
 
