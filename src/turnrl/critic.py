@@ -28,6 +28,7 @@ import torch
 
 from turnrl import losses
 from turnrl.credit.base import ValueInputs
+from turnrl.learner import pack_by_length
 from turnrl.types import Termination, Trajectory
 
 
@@ -79,17 +80,7 @@ def _layout(trajectories: Sequence[Trajectory]) -> list[_Seq]:
 
 
 def _chunks(seqs: list[_Seq], token_budget: int) -> list[list[_Seq]]:
-    order = sorted(seqs, key=len_ids)
-    out: list[list[_Seq]] = []
-    cur: list[_Seq] = []
-    for s in order:
-        if cur and (len(cur) + 1) * len(s.ids) > token_budget:
-            out.append(cur)
-            cur = []
-        cur.append(s)
-    if cur:
-        out.append(cur)
-    return out
+    return pack_by_length(seqs, len_ids, token_budget)
 
 
 def len_ids(s: _Seq) -> int:

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from turnrl import losses
 from turnrl.prefix import bucket_rows, round_up, additive_mask, common_prefix_len, forward, positions_from_mask, prefix_cache
 from turnrl.types import Termination, TrainSample, Trajectory
+
+T = TypeVar("T")
 
 
 def _spread(a: float | Sequence[float], n: int) -> list[float]:
@@ -80,16 +83,22 @@ def micro_batches(samples: Sequence[TrainSample], token_budget: int) -> list[lis
     the rest of each row counts against the budget. A batch always holds at least one row.
     """
     shared = shared_prefix_len(samples)
-    order = sorted(range(len(samples)), key=lambda i: (len(samples[i]), i))
-    batches: list[list[TrainSample]] = []
-    cur: list[TrainSample] = []
-    for i in order:
-        s = samples[i]
-        # samples arrive shortest first, so the newcomer is the longest row of the batch
-        if cur and (len(cur) + 1) * (len(s) - shared) > token_budget:
+    return pack_by_length(samples, lambda s: len(s) - shared, token_budget)
+
+
+def pack_by_length(items: Sequence[T], length: Callable[[T], int], token_budget: int) -> list[list[T]]:
+    """Sort ``items`` by ``length`` (stable) and cut them into batches with ``rows * longest <= token_budget``.
+
+    A batch always holds at least one item.
+    """
+    batches: list[list[T]] = []
+    cur: list[T] = []
+    for item in sorted(items, key=length):
+        # items arrive shortest first, so the newcomer is the longest row of the batch
+        if cur and (len(cur) + 1) * length(item) > token_budget:
             batches.append(cur)
             cur = []
-        cur.append(s)
+        cur.append(item)
     if cur:
         batches.append(cur)
     return batches
