@@ -9,7 +9,9 @@ shape), then the measured rounds alternate between engines so machine noise hits
 Engines:
 - ``hf-naive``: the HF engine re-prefilling every prompt from scratch each turn (as naive loops do);
 - ``hf``: the shipped HF engine (computes the prompt head the batch shares once per call);
-- ``native``: KV caches kept across turns, a prefix store, continuous batching, bf16 weights.
+- ``native``: KV caches kept across turns, a prefix store, continuous batching, bf16 weights pre-packed
+  for oneDNN;
+- ``native-plain``: the same engine with plain weight matrices (what packing alone buys).
 
 Printed: generated tokens/s (generated tokens / generation wall time), prefilled tokens, the ratio of each
 to ``hf-naive`` and ``hf``; the machine's bf16 matmul peak measured here and the native engine's achieved
@@ -89,6 +91,9 @@ def main() -> int:
         engines = {
             "hf-naive": HFEngine(model, tok, autocast_bf16=True, min_shared_prefix=10**9),
             "hf": HFEngine(model, tok, autocast_bf16=True),
+            "native-plain": NativeEngine(
+                model, tok, dtype="bf16", max_slots=T * G, max_len=cfg.rollout.max_context_tokens, packed_weights=False
+            ),
             "native": NativeEngine(model, tok, dtype="bf16", max_slots=T * G, max_len=cfg.rollout.max_context_tokens),
         }
         if context == "full":  # the head is the only thing shared; hf-naive and hf differ only in it

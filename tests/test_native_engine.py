@@ -49,6 +49,21 @@ def test_bf16_logprobs_are_close(tokenizer, tiny_model):
     assert max(diffs) < 0.05  # bf16 weights and activations; the measured figure is in bench/RESULTS.md
 
 
+@pytest.mark.parametrize("dtype,tol", [("fp32", 1e-4), ("bf16", 0.05)])
+def test_packed_weights_change_no_result(tokenizer, tiny_model, dtype, tol):
+    """oneDNN-packed weights are a layout, not an approximation: same greedy tokens, logprobs within the dtype's noise."""
+    prompts = _prompts(tokenizer)
+    packed = NativeEngine(tiny_model, tokenizer, dtype=dtype, max_len=512)
+    plain = NativeEngine(tiny_model, tokenizer, dtype=dtype, max_len=512, packed_weights=False)
+    if not packed.packed_weights:
+        pytest.skip("this torch build has no oneDNN weight packing")
+    assert packed._w.lm_head.is_mkldnn and not plain._w.lm_head.is_mkldnn
+    a = packed.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.0))
+    b = plain.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.0))
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert max(abs(x - y) for oa, ob in zip(a, b) for x, y in zip(oa.logprobs, ob.logprobs)) <= tol
+
+
 def test_extended_cache_gives_the_logits_of_a_fresh_prefill(tokenizer, tiny_model):
     """Turn 1 in a sequence, then observation tokens appended: the logits equal a fresh prefill of everything."""
     p = _prompts(tokenizer)[0]

@@ -18,7 +18,9 @@ What it does differently from :class:`~turnrl.engines.hf.HFEngine` (the referenc
 - **Its own forward pass** for the Llama family (Llama, Mistral, Qwen2: RMSNorm, RoPE, grouped-query
   attention, SwiGLU), on weights copied from the learner's module at :meth:`sync_weights` into fused
   ``qkv`` and ``gate_up`` matrices in the engine's dtype (fp32 or bf16): an in-memory copy, no disk.
-  Logits are computed only at positions that are sampled from.
+  Where PyTorch has oneDNN (x86 and ARM CPU builds), the matrices are also stored pre-packed in oneDNN's
+  blocked layout, so no matmul re-lays out its weight on every call (the results are the same numbers;
+  ``bench/rollout.py`` measures the gain). Logits are computed only at positions that are sampled from.
 
 Sampling: temperature, top-k, top-p, stop tokens, stop strings, per-request max tokens; each sequence has
 its own seeded generator (seeded by the engine seed and the order sequences are opened), so what a
@@ -99,6 +101,7 @@ class NativeEngine:
         seed: seeds every sequence's generator.
         min_shared_prefix: the shortest head worth keeping in the prefix store.
         threads: torch threads (default: this machine's CPUs).
+        packed_weights: store the weight matrices pre-packed for oneDNN (ignored where torch has no oneDNN).
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class NativeEngine:
         seed: int = 0,
         min_shared_prefix: int = 16,
         threads: int | None = None,
+        packed_weights: bool = True,
     ) -> None:
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
@@ -131,6 +135,7 @@ class NativeEngine:
         self.max_len = max_len
         self.seed = seed
         self.min_shared_prefix = min_shared_prefix
+        self.packed_weights = packed_weights and _onednn_packing_works(self.dtype)
         self.version = 0
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
@@ -421,12 +426,13 @@ class NativeEngine:
                     "down": w(mlp.down_proj.weight),
                 }
             )
-        self._w = _Weights(
-            embed=w(m.embed_tokens.weight),
-            lm_head=w(self.model.get_output_embeddings().weight),
-            final_norm=w(m.norm.weight, torch.float32),
-            layers=layers,
-        )
+        lm_head = w(self.model.get_output_embeddings().weight)
+        if self.packed_weights:
+            for layer in layers:
+                for name in ("qkv", "o", "gate_up", "down"):
+                    layer[name] = _pack(layer[name], self.max_slots)
+            lm_head = _pack(lm_head, self.max_slots)
+        self._w = _Weights(embed=w(m.embed_tokens.weight), lm_head=lm_head, final_norm=w(m.norm.weight, torch.float32), layers=layers)
 
     @torch.no_grad()
     def _rope_tables(self) -> None:
@@ -504,10 +510,13 @@ class NativeEngine:
         ids[rows, 0] = torch.tensor([r.out[-1] for r in reqs])
         pos[rows, 0] = torch.tensor([len(r.seq.tokens) for r in reqs])
 
-        def keys_values(K, V):
-            return K[:n], V[:n]
+        # attend over the columns the longest row uses (in buckets of 32), not the slot's whole capacity
+        kv_len = min(self._cap + 1, -(-max(len(r.seq.tokens) + 1 for r in reqs) // 32) * 32)
 
-        x = self._layers(ids, pos, torch.arange(n)[:, None], keys_values, self._cap + 1)
+        def keys_values(K, V):
+            return K[:n, :, :kv_len], V[:n, :, :kv_len]
+
+        x = self._layers(ids, pos, torch.arange(n)[:, None], keys_values, kv_len)
         return self._logits(x[rows, 0])
 
     def _layers(self, ids, pos, write_rows, keys_values, kv_len: int) -> torch.Tensor:
@@ -525,7 +534,7 @@ class NativeEngine:
         x = self._w.embed[ids].float()  # the residual stream stays fp32, as under the learner's autocast. (B, T, H)
         for layer, K, V in zip(self._w.layers, self._k, self._v):
             h = self._norm(x, layer["in_norm"])
-            q, k, v = F.linear(h, layer["qkv"], layer["qkv_bias"]).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+            q, k, v = _linear(h, layer["qkv"], layer["qkv_bias"]).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
             q = q.view(B, T, nh, hd).transpose(1, 2)
             k = k.view(B, T, nkv, hd).transpose(1, 2)
             q = (q * cos + _rotate_half(q) * sin).to(self.dtype)
@@ -534,13 +543,36 @@ class NativeEngine:
             V[write_rows, :, pos] = v.view(B, T, nkv, hd)
             keys, vals = keys_values(K, V)
             att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=nkv != nh)
-            x = x + F.linear(att.transpose(1, 2).reshape(B, T, nh * hd), layer["o"], layer["o_bias"])
-            gate, up = F.linear(self._norm(x, layer["post_norm"]), layer["gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer["down"])
+            x = x + _linear(att.transpose(1, 2).reshape(B, T, nh * hd), layer["o"], layer["o_bias"])
+            gate, up = _linear(self._norm(x, layer["post_norm"]), layer["gate_up"]).chunk(2, dim=-1)
+            x = x + _linear(F.silu(gate) * up, layer["down"])
         return x
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(self._norm(hidden, self._w.final_norm), self._w.lm_head).float()
+        return _linear(self._norm(hidden, self._w.final_norm), self._w.lm_head).float()
+
+
+def _pack(weight: torch.Tensor, rows_hint: int) -> torch.Tensor:
+    """``weight`` (out, in) re-laid out once in oneDNN's blocked format, for :func:`_linear`."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` on a plain weight, oneDNN's linear on a packed one (same result, no per-call re-layout)."""
+    if weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+def _onednn_packing_works(dtype: torch.dtype) -> bool:
+    """Whether this torch build can pack and run a linear in ``dtype`` through oneDNN (and agrees with F.linear)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    try:
+        w, x = torch.randn(24, 16).to(dtype), torch.randn(3, 16).to(dtype)
+        return bool(torch.allclose(_linear(x, _pack(w, 4)).float(), F.linear(x, w).float(), atol=1e-2, rtol=1e-2))
+    except (RuntimeError, NotImplementedError):  # e.g. a CPU without bf16 support in oneDNN
+        return False
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
