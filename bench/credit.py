@@ -16,6 +16,10 @@ divided by the step at which GRPO itself first reaches it; < 1 = faster than GRP
 
     python bench/credit.py                          # default budget, sized for < 2 h on 2 CPU cores
     python bench/credit.py --steps 1 --tasks 1 --group 2 --eval-tasks 2 --seeds 1   # end-to-end check
+    # on 2 cores, one single-threaded process per seed finishes sooner than one process using both cores:
+    python bench/credit.py --seed-list 0 --out runs/credit/s0 train.threads=1 &
+    python bench/credit.py --seed-list 1 --out runs/credit/s1 train.threads=1; wait
+    python bench/credit.py --merge runs/credit/s0 runs/credit/s1 --out runs/credit
 
 The projected wall time is printed before anything runs (``--dry-run`` prints it and stops). It is a
 rough model calibrated on the default recipe's measured step time (bench/RESULTS.md: ~25 s per step of
@@ -166,33 +170,63 @@ def main() -> int:
     ap.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "credit_bench")
     ap.add_argument("--dry-run", action="store_true", help="print the projected time and stop")
+    ap.add_argument("--resume", action="store_true", help="reuse the runs already in OUT/curves.json (same budget)")
+    ap.add_argument("--seed-list", type=int, nargs="+", help="run only these seed indices (e.g. one process per seed)")
+    ap.add_argument("--merge", type=Path, nargs="+", help="only report: concatenate the curves.json of these --out dirs")
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides for every run")
     args = ap.parse_args()
     if "grpo" not in args.estimators:
         args.estimators = ["grpo", *args.estimators]  # the ratio is relative to GRPO
 
-    runs = len(args.envs) * len(args.estimators) * args.seeds
+    seeds = args.seed_list if args.seed_list is not None else list(range(args.seeds))
+    args.out.mkdir(parents=True, exist_ok=True)
+    curves: dict = {env: {est: [] for est in args.estimators} for env in args.envs}
+    if args.merge:
+        return report(merge_curves(args.merge, curves), args)
+    args.seeds = len(seeds)
+    runs = len(args.envs) * len(args.estimators) * len(seeds)
     proj = projected_seconds(args)
     print(f"{runs} runs; projected total time ~{proj / 60:.0f} min ({proj / 3600:.1f} h) on this machine", flush=True)
     if args.dry_run:
         return 0
-    args.out.mkdir(parents=True, exist_ok=True)
-    curves: dict = {env: {est: [] for est in args.estimators} for env in args.envs}
+    done_path = args.out / "curves.json"
+    done: dict = json.loads(done_path.read_text()) if args.resume and done_path.exists() else {}
     t0 = time.perf_counter()
-    for env in args.envs:
-        for est in args.estimators:
-            for seed in range(args.seeds):
+    # seeds outermost: if the budget runs out, every estimator has the same number of finished seeds
+    for i, seed in enumerate(seeds):
+        for env in args.envs:
+            for est in args.estimators:
+                previous = done.get(env, {}).get(est, [])
+                if i < len(previous):  # --resume: this run finished in an earlier invocation
+                    curves[env][est].append(previous[i])
+                    continue
                 t = time.perf_counter()
                 curves[env][est].append(run_one(env, est, seed, args))
+                done_path.write_text(json.dumps(curves, indent=1))  # a crash later loses nothing already run
                 print(f"[{time.perf_counter() - t0:6.0f} s] {env} {est} seed {seed}: final success "
                       f"{curves[env][est][-1][-1]['success']:.3f} ({time.perf_counter() - t:.0f} s)", flush=True)
+    print(f"all runs done in {time.perf_counter() - t0:.0f} s", flush=True)
+    return report(curves, args)
+
+
+def merge_curves(dirs: list[Path], curves: dict) -> dict:
+    """Concatenate the runs of several ``--out`` directories (e.g. one process per seed), in the order given."""
+    for d in dirs:
+        part = json.loads((d / "curves.json").read_text())
+        for env in curves:
+            for est in curves[env]:
+                curves[env][est].extend(part.get(env, {}).get(est, []))
+    return curves
+
+
+def report(curves: dict, args) -> int:
+    args.seeds = min((len(runs) for by_est in curves.values() for runs in by_est.values()), default=0)
     (args.out / "curves.json").write_text(json.dumps(curves, indent=1))
     table = summarise(curves, args)
     (args.out / "results.md").write_text(table)
     plot(curves, args, args.out / "success_vs_step.png")
     print(table)
-    print(f"wrote {args.out / 'results.md'}, {args.out / 'curves.json'}, {args.out / 'success_vs_step.png'} "
-          f"in {time.perf_counter() - t0:.0f} s")
+    print(f"wrote {args.out / 'results.md'}, {args.out / 'curves.json'}, {args.out / 'success_vs_step.png'}")
     return 0
 
 
