@@ -4,13 +4,22 @@ Each estimator trains the default model (SmolLM2-135M-Instruct) from scratch on 
 budget (steps, tasks per step, group size, evaluation) over several seeds; the training task seeds of a
 seed index are the same for every estimator (paired comparison), and evaluation uses held-out seeds.
 
-Envs: FrozenLake with *slippery* random 4x4 maps (configs/default.yaml + ``env.kwargs.slippery=true``)
-and Sokoban (configs/sokoban.yaml, episodes capped at ``--sokoban-turns``).
+Envs, sized so that the success a policy *can* reach leaves room to learn (exact dynamic programming over
+200 random maps, greedy-optimal policy vs uniform random actions, 8 turns):
+
+- FrozenLake, *slippery* random 3x3 maps (configs/default.yaml + ``env.kwargs.slippery=true
+  env.kwargs.size=3``): optimal 0.30, uniform random 0.08. On slippery 4x4 maps with 8 turns the optimal
+  policy succeeds only 4.8% of the time (uniform random 0.8%), so no estimator can show anything there;
+- Sokoban, 5x5 rooms, one box, puzzles 2-4 pushes/moves from solved, 8 turns (configs/sokoban.yaml +
+  ``env.kwargs.size=5 env.kwargs.min_solution=2 env.kwargs.max_solution=4``): uniform random 0.17,
+  optimal 1.0. The recipe's 6x6 rooms with 4-10-move puzzles give uniform random 0.013 within 10 turns.
 
 Outputs in ``--out`` (default ``runs/credit_bench``, git-ignored): ``results.md`` (a table of final / best held-out
 greedy success per estimator and env, mean over seeds, and the *steps-to-GRPO-final ratio*: the first
 evaluation step at which an estimator's seed-mean success reaches GRPO's final seed-mean success,
-divided by the step at which GRPO itself first reaches it; < 1 = faster than GRPO, "never" = not reached),
+divided by the step at which GRPO itself first reaches it; < 1 = faster than GRPO, "never" = not reached,
+n/a when GRPO's final success is not above its start, so there is nothing to reach; plus the mean held-out
+success over the evaluations after step 0, sampled training success and update seconds per step),
 ``curves.json`` (every evaluation of every run) and ``success_vs_step.png`` (matplotlib: ``pip install
 'turnrl[bench]'``).
 
@@ -22,9 +31,9 @@ divided by the step at which GRPO itself first reaches it; < 1 = faster than GRP
     python bench/credit.py --merge runs/credit/s0 runs/credit/s1 --out runs/credit
 
 The projected wall time is printed before anything runs (``--dry-run`` prints it and stops). It is a
-rough model calibrated on the default recipe's measured step time (bench/RESULTS.md: ~25 s per step of
-32 FrozenLake episodes, i.e. ~0.8 s per episode); the Sokoban and critic factors are estimates, not
-measurements.
+rough model calibrated on single-threaded runs of this script (``train.threads=1``, one process per core):
+~2.5 s per FrozenLake training episode (rollout + update), ~0.3 s per greedy evaluation episode; the
+Sokoban factor is an estimate.
 """
 
 from __future__ import annotations
@@ -46,13 +55,13 @@ ESTIMATORS: dict[str, list[str]] = {
     "gigpo": ["algo.estimator=gigpo"],
 }
 ENVS: dict[str, tuple[str, list[str]]] = {
-    "frozenlake-slippery": ("default.yaml", ["env.kwargs.slippery=true"]),
-    "sokoban": ("sokoban.yaml", []),
+    "frozenlake-slippery": ("default.yaml", ["env.kwargs.slippery=true", "env.kwargs.size=3"]),
+    "sokoban": ("sokoban.yaml", ["env.kwargs.size=5", "env.kwargs.min_solution=2", "env.kwargs.max_solution=4"]),
 }
 # seconds per training episode (rollout + update) and per greedy eval episode; see the module docstring
-SEC_PER_EPISODE = {"frozenlake-slippery": 0.8, "sokoban": 2.0}
-SEC_PER_EVAL_EPISODE = {"frozenlake-slippery": 0.3, "sokoban": 0.8}
-CRITIC_FACTOR = 1.4  # extra value forward/backward of the head (estimate)
+SEC_PER_EPISODE = {"frozenlake-slippery": 2.5, "sokoban": 3.5}
+SEC_PER_EVAL_EPISODE = {"frozenlake-slippery": 0.3, "sokoban": 0.5}
+CRITIC_FACTOR = 1.4  # value passes of the head, with the shared prompt prefix computed once
 SETUP_S = 10.0  # model load and first-shape warm-up per run
 
 
@@ -60,7 +69,7 @@ def projected_seconds(args) -> float:
     total = 0.0
     evals = args.steps // max(1, args.eval_every) + 2  # at start, every N, at the end
     for env in args.envs:
-        turn_scale = args.sokoban_turns / 20 if env == "sokoban" else 1.0
+        turn_scale = args.sokoban_turns / 8 if env == "sokoban" else 1.0
         for est in args.estimators:
             train_s = args.steps * args.tasks * args.group * SEC_PER_EPISODE[env] * turn_scale
             train_s *= CRITIC_FACTOR if est == "ppo_turn" else 1.0
@@ -87,9 +96,16 @@ def run_one(env: str, est: str, seed: int, args) -> list[dict]:
         overrides.append(f"env.max_turns={args.sokoban_turns}")
     cfg = load_config(ROOT / "configs" / config, overrides + list(args.overrides))
     run_dir = train(cfg, components=build(cfg))
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    train = {r["step"]: r for r in rows if "perf/train_s" in r}
     return [
-        {"step": r["step"], "success": r["eval/success_rate"], "wall_s": r.get("perf/wall_s", 0.0)}
-        for r in read_metrics(run_dir / "metrics.jsonl") if "eval/success_rate" in r
+        {
+            "step": r["step"], "success": r["eval/success_rate"], "wall_s": r.get("perf/wall_s", 0.0),
+            # sampled training success and update time of the steps since the previous evaluation
+            "train_success": [t["rollout/success_rate"] for k, t in train.items() if k <= r["step"]],
+            "update_s": [t["perf/train_s"] for k, t in train.items() if k <= r["step"]],
+        }
+        for r in rows if "eval/success_rate" in r
     ]
 
 
@@ -111,8 +127,9 @@ def summarise(curves: dict, args) -> str:
         f"x {args.group} episodes; greedy eval on {args.eval_tasks} held-out tasks every {args.eval_every} steps; "
         f"{args.seeds} seed(s). Success = seed-mean held-out greedy success.",
         "",
-        "| env | estimator | start | final | best | steps-to-GRPO-final ratio |",
-        "|---|---|---:|---:|---:|---:|",
+        "| env | estimator | start | final | best | mean after step 0 | steps-to-GRPO-final ratio "
+        "| sampled train success, last 3 steps | update s/step |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for env in args.envs:
         grpo = mean_curve(curves[env].get("grpo", []))
@@ -123,13 +140,20 @@ def summarise(curves: dict, args) -> str:
             if not curve:
                 continue
             ratio = "n/a"
-            if target is not None and grpo_steps:
+            if target is not None and target <= grpo[0][1]:
+                ratio = "n/a (GRPO did not improve on its start)"
+            elif target is not None and grpo_steps:
                 reach = first_reaching(curve, target)
                 ratio = f"{reach / grpo_steps:.2f}" if reach else "never"
             elif target is not None:
                 ratio = "n/a (GRPO final not reached after step 0)"
             best = max(v for _, v in curve)
-            lines.append(f"| {env} | {est} | {curve[0][1]:.3f} | {curve[-1][1]:.3f} | {best:.3f} | {ratio} |")
+            later = statistics.fmean(v for step, v in curve if step > 0) if len(curve) > 1 else float("nan")
+            last = [run[-1] for run in curves[env][est]]
+            train = statistics.fmean(statistics.fmean(r.get("train_success", [])[-3:] or [float("nan")]) for r in last)
+            update = statistics.fmean(statistics.fmean(r.get("update_s", []) or [float("nan")]) for r in last)
+            lines.append(f"| {env} | {est} | {curve[0][1]:.3f} | {curve[-1][1]:.3f} | {best:.3f} | {later:.3f} | {ratio} "
+                         f"| {train:.3f} | {update:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -159,13 +183,13 @@ def plot(curves: dict, args, path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=12, help="training steps per run (the budget)")
+    ap.add_argument("--steps", type=int, default=10, help="training steps per run (the budget)")
     ap.add_argument("--tasks", type=int, default=2, help="tasks per step")
     ap.add_argument("--group", type=int, default=8, help="episodes per task")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per (env, estimator)")
     ap.add_argument("--eval-tasks", type=int, default=32, help="held-out tasks per evaluation")
-    ap.add_argument("--eval-every", type=int, default=4, help="evaluate every N steps")
-    ap.add_argument("--sokoban-turns", type=int, default=12, help="Sokoban turn limit (configs/sokoban.yaml has 20)")
+    ap.add_argument("--eval-every", type=int, default=2, help="evaluate every N steps")
+    ap.add_argument("--sokoban-turns", type=int, default=8, help="Sokoban turn limit (configs/sokoban.yaml has 20)")
     ap.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=list(ESTIMATORS))
     ap.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "credit_bench")

@@ -86,6 +86,40 @@ def test_per_step_and_full_layouts_give_the_same_values_for_the_same_tokens(tiny
     assert a.bootstrap == pytest.approx(b.bootstrap, abs=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["head", "separate"])
+def test_shared_prefix_pass_gives_the_values_and_gradients_of_full_sequences(tiny_model, tokenizer, mode):
+    """The prompt prefix shared by a chunk runs once; values and value-loss gradients equal the unshared pass."""
+    torch.manual_seed(0)
+    rng = random.Random(1)
+    system = [rng.randint(10, 500) for _ in range(24)]  # long enough to be shared (>= min_shared_prefix)
+    trajs = []
+    for i in range(5):
+        turns = [Turn(system + [rng.randint(10, 500) for _ in range(2 + i % 3)], [rng.randint(10, 500) for _ in range(1 + t)],
+                      [-1.0] * (1 + t), "o", "r", reward=float(t)) for t in range(2)]
+        trajs.append(Trajectory("e", 0, turns, termination=Termination.TRUNCATED_TURNS))
+    kw = dict(lr=1e-3, value_clip=0.2, grad_clip=1.0, pad_id=tokenizer.pad_token_id)
+    shared, plain = Critic(tiny_model, mode, **kw), Critic(tiny_model, mode, min_shared_prefix=10**9, **kw)
+    torch.nn.init.normal_(shared.head.weight)
+    plain.head.load_state_dict(shared.head.state_dict())
+    if mode == "separate":
+        plain.trunk.load_state_dict(shared.trunk.state_dict())
+    a, b = shared.predict(trajs), plain.predict(trajs)
+    for x, y in zip(a.token_values, b.token_values):
+        for u, w in zip(x, y):
+            assert u == pytest.approx(w, abs=1e-4)
+    assert a.bootstrap == pytest.approx(b.bootstrap, abs=1e-4)
+    batch = ValueBatch(trajs, returns=[[[1.0] * len(t.response_ids) for t in tr.turns] for tr in trajs],
+                       mask=[[[1] * len(t.response_ids) for t in tr.turns] for tr in trajs], old_values=a.token_values)
+    grads = []
+    for c in (shared, plain):
+        c.zero_grad()
+        tiny_model.zero_grad(set_to_none=True)
+        c.backward_value_loss(batch, 1.0)
+        grads.append(torch.cat([p.grad.flatten() for p in [*c.head.parameters(), *c.trunk.parameters()] if p.grad is not None]))
+    assert grads[0].abs().max() > 0
+    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-3)
+
+
 def test_config_ties_critic_and_gae_estimators_together():
     with pytest.raises(ConfigError, match="needs a learned critic"):
         load_config(overrides=["algo.estimator=ppo_turn"])
