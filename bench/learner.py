@@ -37,8 +37,7 @@ def main() -> int:
     from turnrl.engines import HFEngine, SamplingParams
     from turnrl.engines.native import NativeEngine
     from turnrl.envs import make
-    from turnrl.learner import Learner, build_samples, collate, micro_batches, response_logits, shared_prefix_len
-    from turnrl.losses import token_logprobs
+    from turnrl.learner import Learner, build_samples, collate, micro_batches, packed_logprobs, response_logits, shared_prefix_len
     from turnrl.models import load_model, load_tokenizer
     from turnrl.rollout import Collector, ContextSpec
 
@@ -79,7 +78,7 @@ def main() -> int:
         with torch.no_grad(), ctx:
             for mb in micro_batches(samples, cfg.train.micro_batch_tokens):
                 batch = collate(mb, tok.pad_token_id)
-                lp = token_logprobs(response_logits(model, batch).float() / cfg.rollout.temperature, batch.targets)
+                lp = packed_logprobs(response_logits(model, batch), batch, cfg.rollout.temperature)
                 for b in range(len(mb)):
                     out.append(lp[b][batch.mask[b] > 0])
         return out

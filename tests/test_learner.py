@@ -28,12 +28,43 @@ def _reference_logprobs(model, s: TrainSample) -> torch.Tensor:
 
 
 def _batched_logprobs(model, samples):
-    from turnrl.learner import response_logits
+    from turnrl.learner import packed_logprobs, response_logits
 
     batch = collate(samples, pad_id=0, min_shared_prefix=4)
-    logits = response_logits(model, batch).float()
-    lp = torch.log_softmax(logits, -1).gather(-1, batch.targets[..., None]).squeeze(-1)
+    lp = packed_logprobs(response_logits(model, batch), batch, 1.0)
     return batch, [lp[b][batch.mask[b].bool()] for b in range(len(samples))]
+
+
+def _multi_turn_samples(n=4, seed=1):
+    """Full-context samples: prompt, response, observation, response (loss mask 0 between the responses)."""
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(5, 1000, (20,), generator=g).tolist()
+    out = []
+    for i in range(n):
+        ids, mask = list(prefix), [0] * len(prefix)
+        for t in range(2 + i % 2):
+            obs = torch.randint(5, 1000, (2 + (i + t) % 4,), generator=g).tolist()
+            resp = torch.randint(5, 1000, (1 + (i * t) % 3,), generator=g).tolist()
+            ids += obs + resp
+            mask += [0] * len(obs) + [1] * len(resp)
+        out.append(TrainSample(ids, mask, [0.0] * len(ids), [float(m) for m in mask]))
+    return out
+
+
+def test_head_runs_only_on_loss_positions_and_matches_full_logits(tiny_model, monkeypatch):
+    """Multi-turn rows: the packed head equals the model's own logits, and the fallback path agrees."""
+    import turnrl.learner as learner
+
+    samples = _multi_turn_samples()
+    batch, lps = _batched_logprobs(tiny_model, samples)
+    assert int(batch.mask.sum()) < batch.mask.numel()  # observation tokens and padding inside the kept span
+    assert learner.response_logits(tiny_model, batch).shape[0] == int(batch.mask.sum())
+    for s, lp in zip(samples, lps):
+        assert torch.allclose(lp, _reference_logprobs(tiny_model, s), atol=1e-5)
+    monkeypatch.setattr(learner, "_decoder_and_head", lambda model: None)
+    _, fallback = _batched_logprobs(tiny_model, samples)
+    for a, b in zip(lps, fallback):
+        assert torch.allclose(a, b, atol=1e-6)
 
 
 def test_shared_prefix_forward_equals_plain_forward(tiny_model):

@@ -167,22 +167,63 @@ def collate(samples: Sequence[TrainSample], pad_id: int, min_shared_prefix: int 
 
 
 def response_logits(model, batch: _Batch) -> torch.Tensor:
-    """Logits at every kept position but the last, i.e. those predicting ``batch.targets``.
+    """Logits at the positions that predict a loss-masked target, packed in row-major order.
 
-    Shape: (batch, keep - 1, vocab). The shared prefix runs once and is broadcast (:mod:`turnrl.prefix`).
+    Shape: (N, vocab), N = ``int(batch.mask.sum())``; :func:`unpack` puts per-token values back in
+    ``batch.mask``'s (batch, keep - 1) layout. The shared prefix runs once and is broadcast
+    (:mod:`turnrl.prefix`), and the LM head (a 49k x 576 matmul per position on the default model) runs
+    only on these N positions: with ``context: full`` the kept span also holds observation / tool-output
+    tokens between turns, and padding, whose (batch, span, vocab) logits used to be the largest tensors of
+    the update.
     """
     cache = prefix_cache(model, batch.prefix, batch.ids.shape[0]) if batch.prefix else None
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32
-    out, _ = forward(
-        model,
-        cache,
+    kwargs = dict(
         input_ids=batch.ids,
         attention_mask=additive_mask(batch.attention, batch.ids.shape[1], dtype),
         position_ids=batch.positions,
         use_cache=cache is not None,
-        logits_to_keep=batch.keep,
     )
-    return out.logits[:, :-1, :]  # position t predicts token t+1: drop the last kept position
+    where = batch.mask > 0
+    parts = _decoder_and_head(model)
+    if parts is None:  # a head that is more than a linear layer: take the model's own logits, then select
+        out, _ = forward(model, cache, logits_to_keep=batch.keep, **kwargs)
+        return out.logits[:, :-1][where]
+    decoder, head = parts
+    out, _ = forward(decoder, cache, **kwargs)
+    hidden = out.last_hidden_state[:, -batch.keep : -1]  # position t predicts token t+1
+    return head(hidden[where])
+
+
+def _decoder_and_head(model):
+    """``(decoder, lm_head)`` when the causal LM's logits are exactly ``lm_head(decoder(...).last_hidden_state)``."""
+    config = getattr(model, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None) not in (None, 1.0):
+        return None
+    try:
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
+    except (AttributeError, ValueError, NotImplementedError):
+        return None
+    if decoder is None or decoder is model or not isinstance(head, torch.nn.Linear):
+        return None
+    return decoder, head
+
+
+def unpack(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Packed per-loss-token ``values`` (N,) -> ``mask``'s shape, 0 where ``mask`` is 0 (differentiable)."""
+    return torch.zeros(mask.shape, dtype=values.dtype).masked_scatter(mask > 0, values)
+
+
+def packed_logprobs(logits: torch.Tensor, batch: _Batch, temperature: float) -> torch.Tensor:
+    """log pi(target) at every loss token, from :func:`response_logits`'s packed logits. Shape: (batch, keep - 1)."""
+    targets = batch.targets[batch.mask > 0]
+    return unpack(losses.token_logprobs(logits[None], targets[None], temperature)[0], batch.mask)
+
+
+def packed_entropy(logits: torch.Tensor, batch: _Batch, temperature: float) -> torch.Tensor:
+    """Entropy of the sampling distribution at every loss token. Shape: (batch, keep - 1)."""
+    scaled = logits if temperature == 1.0 else logits / temperature
+    return unpack(losses.entropy_from_logits(scaled[None])[0], batch.mask)
 
 
 class Learner:
@@ -235,15 +276,15 @@ class Learner:
                     if self.ref_model is not None and a.kl_coef > 0:
                         with torch.no_grad():
                             ref_logits = response_logits(self.ref_model, batch)
-                logp = losses.token_logprobs(logits.float(), batch.targets, temperature)
+                logp = packed_logprobs(logits, batch, temperature)
                 per_tok, stats = losses.ppo_clip_loss(
                     logp, batch.old_logprobs, batch.advantages, batch.mask, clip_low=a.clip_low, clip_high=a.clip_high,
                     dual_clip=a.dual_clip, ratio_level=a.ratio_level,
                 )
                 if a.entropy_coef > 0:  # bonus: minimise -H (the metric below is computed without grad)
-                    per_tok = per_tok - a.entropy_coef * losses.entropy_from_logits(logits.float() / temperature)
+                    per_tok = per_tok - a.entropy_coef * packed_entropy(logits, batch, temperature)
                 if ref_logits is not None:
-                    ref_logp = losses.token_logprobs(ref_logits.float(), batch.targets, temperature)
+                    ref_logp = packed_logprobs(ref_logits, batch, temperature)
                     kl = losses.kl_penalty(logp, ref_logp, a.kl_type)
                     per_tok = per_tok + a.kl_coef * kl
                     _acc(sums, "kl", float((kl.detach() * batch.mask).sum()))
@@ -254,7 +295,7 @@ class Learner:
                 loss.backward()
                 n = float(batch.mask.sum())
                 with torch.no_grad():
-                    ent = losses.entropy_from_logits(logits.detach().float() / temperature)
+                    ent = packed_entropy(logits.detach(), batch, temperature)
                     _acc(sums, "entropy", float((ent * batch.mask).sum()))
                     _acc(sums, "logprob", float((logp.detach() * batch.mask).sum()))
                     _acc(sums, "behaviour_logprob_diff", float(((logp.detach() - batch.old_logprobs).abs() * batch.mask).sum()))
@@ -308,7 +349,7 @@ class Learner:
             batch = collate(mb, self.pad_id)
             with self._autocast():
                 ref_logits = response_logits(self.ref_model, batch)
-            ref = losses.token_logprobs(ref_logits.float(), batch.targets, temperature)
+            ref = packed_logprobs(ref_logits, batch, temperature)
             for b, s in enumerate(mb):
                 m = batch.mask[b].bool()
                 kl = (batch.old_logprobs[b][m] - ref[b][m]).tolist()  # loss tokens in order
