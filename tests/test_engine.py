@@ -40,6 +40,30 @@ def test_batched_equals_one_by_one(tokenizer, tiny_model):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
+def test_prefill_in_row_chunks_gives_the_same_completions(tokenizer, tiny_model):
+    """A small prefill budget (one row per forward) merges the chunks' caches: same tokens and logprobs."""
+    prompts = _prompts(tokenizer) * 2
+    params = SamplingParams(max_new_tokens=5, temperature=0.0)
+    whole = HFEngine(tiny_model, tokenizer).generate(prompts, params)
+    chunked_engine = HFEngine(tiny_model, tokenizer, prefill_tokens=8)
+    calls = []
+    real_forward = tiny_model.forward
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("input_ids", args[0] if args else None).shape)
+        return real_forward(*args, **kwargs)
+
+    tiny_model.forward = counting
+    try:
+        chunked = chunked_engine.generate(prompts, params)
+    finally:
+        del tiny_model.forward
+    assert sum(1 for shape in calls if shape[1] > 1) >= len(prompts)  # one prefill forward per row (+ the prefix)
+    for a, b in zip(whole, chunked):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
 def test_behaviour_logprobs_match_recomputation(tokenizer, tiny_model):
     prompts = _prompts(tokenizer)
     engine = HFEngine(tiny_model, tokenizer, seed=3)

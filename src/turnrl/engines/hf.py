@@ -12,6 +12,7 @@ import contextlib
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from turnrl.engines.base import Completion, SamplingParams
 from turnrl.engines.sampling import sample
@@ -28,12 +29,17 @@ class HFEngine:
         seed: int = 0,
         min_shared_prefix: int = 16,
         max_batch: int = 256,
+        prefill_tokens: int = 8192,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.autocast_bf16 = autocast_bf16
         self.min_shared_prefix = min_shared_prefix
         self.max_batch = max_batch
+        # Rows prefilled per forward pass: at most this many suffix tokens. Attention over a long prompt
+        # builds (rows, heads, S, P + S) scores; prefilling 32 full-context rows of ~2,000 tokens at once
+        # took a training process past 12 GB. Row chunks bound that, and their caches are concatenated.
+        self.prefill_tokens = prefill_tokens
         self.version = 0
         self.generator = torch.Generator().manual_seed(seed)
         eos = tokenizer.eos_token_id
@@ -87,7 +93,6 @@ class HFEngine:
         rows: list[int | None] = list(range(B)) + [None] * (bucket_rows(B) - B)
         suffixes = [p[P:] for p in prompts] + [prompts[0][P:]] * (len(rows) - B)
         S = round_up(max(len(s) for s in suffixes), 8)
-        cache = prefix_cache(self.model, prompts[0][:P], len(rows)) if P else None
         ids = torch.full((len(rows), S), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), P + S), dtype=torch.long)
         mask[:, :P] = 1
@@ -95,10 +100,7 @@ class HFEngine:
             ids[b, S - len(s) :] = torch.tensor(s, dtype=torch.long)
             mask[b, P + S - len(s) :] = 1
         positions = positions_from_mask(mask)[:, P:]
-        outputs, cache = forward(
-            self.model, cache, input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
-        )
-        logits = outputs.logits[:, -1, :]
+        logits, cache = self._prefill(prompts[0][:P], ids, mask, positions)
         next_pos = positions[:, -1] + 1
 
         tokens: list[list[int]] = [[] for _ in range(B)]
@@ -133,6 +135,35 @@ class HFEngine:
             logits = outputs.logits[:, -1, :]
             next_pos = next_pos + 1
         return [Completion(tokens[b], logps[b], finish[b], version=self.version) for b in range(B)]
+
+    def _prefill(self, prefix: list[int], ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor):
+        """Run the prompts (shared ``prefix`` + left-padded suffixes ``ids``): last-position logits and the cache.
+
+        Rows go through in chunks of at most ``prefill_tokens`` suffix tokens (at least one row); the
+        chunks' caches are concatenated along the batch, so decoding sees one cache either way.
+        """
+        rows, S = ids.shape
+        per = max(1, self.prefill_tokens // S)
+        prefix_kv = prefix_cache(self.model, prefix, 1) if prefix else None
+        logits, layers = [], []
+        for a in range(0, rows, per):
+            b = min(rows, a + per)
+            cache = None
+            if prefix_kv is not None:
+                cache = DynamicCache(
+                    ddp_cache_data=[(l.keys.expand(b - a, -1, -1, -1), l.values.expand(b - a, -1, -1, -1)) for l in prefix_kv.layers],
+                    config=self.model.config,
+                )
+            out, cache = forward(
+                self.model, cache, input_ids=ids[a:b], attention_mask=mask[a:b], position_ids=positions[a:b],
+                use_cache=True, logits_to_keep=1,
+            )
+            logits.append(out.logits[:, -1, :])
+            layers.append([(l.keys, l.values) for l in cache.layers])
+        if len(layers) == 1:
+            return logits[0], cache
+        merged = [(torch.cat([c[i][0] for c in layers]), torch.cat([c[i][1] for c in layers])) for i in range(len(layers[0]))]
+        return torch.cat(logits), DynamicCache(ddp_cache_data=merged, config=self.model.config)
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
         return sample(logits, params, self.generator)
