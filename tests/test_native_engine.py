@@ -64,6 +64,21 @@ def test_packed_weights_change_no_result(tokenizer, tiny_model, dtype, tol):
     assert max(abs(x - y) for oa, ob in zip(a, b) for x, y in zip(oa.logprobs, ob.logprobs)) <= tol
 
 
+def test_prefill_in_row_chunks_changes_no_result(tokenizer, tiny_model):
+    prompts = _prompts(tokenizer) * 2
+    sp = SamplingParams(max_new_tokens=5, temperature=0.0)
+    whole = NativeEngine(tiny_model, tokenizer, dtype="fp32", max_slots=16).generate(prompts, sp)
+    chunked_engine = NativeEngine(tiny_model, tokenizer, dtype="fp32", max_slots=16, prefill_tokens=8)
+    calls = []
+    real = chunked_engine._forward
+    chunked_engine._forward = lambda slots, *a, **k: calls.append(len(slots)) or real(slots, *a, **k)
+    chunked = chunked_engine.generate(prompts, sp)
+    assert calls and max(calls) == 1  # one row per prefill pass
+    for a, b in zip(whole, chunked):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
 def test_extended_cache_gives_the_logits_of_a_fresh_prefill(tokenizer, tiny_model):
     """Turn 1 in a sequence, then observation tokens appended: the logits equal a fresh prefill of everything."""
     p = _prompts(tokenizer)[0]

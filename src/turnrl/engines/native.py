@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from turnrl.engines.base import Completion, SamplingParams
 from turnrl.engines.sampling import sample
-from turnrl.prefix import bucket_rows, common_prefix_len
+from turnrl.prefix import bucket_rows, common_prefix_len, round_up
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 
@@ -102,6 +102,8 @@ class NativeEngine:
         min_shared_prefix: the shortest head worth keeping in the prefix store.
         threads: torch threads (default: this machine's CPUs).
         packed_weights: store the weight matrices pre-packed for oneDNN (ignored where torch has no oneDNN).
+        prefill_tokens: rows prefilled per forward pass hold at most this many (padded) new tokens (at least one
+            row), so many long prompts admitted at once do not build all their attention scores together.
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class NativeEngine:
         min_shared_prefix: int = 16,
         threads: int | None = None,
         packed_weights: bool = True,
+        prefill_tokens: int = 8192,
     ) -> None:
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
@@ -133,6 +136,7 @@ class NativeEngine:
         self.dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
         self.max_slots = max_slots
         self.max_len = max_len
+        self.prefill_tokens = prefill_tokens
         self.seed = seed
         self.min_shared_prefix = min_shared_prefix
         self.packed_weights = packed_weights and _onednn_packing_works(self.dtype)
@@ -345,7 +349,18 @@ class NativeEngine:
             news.append(r.prompt[keep:])
             starts.append(keep)
         self.counters["prefill_tokens"] += sum(len(n) for n in news)
-        logits = self._forward([r.seq.slot for r in reqs], news, starts)
+        chunks, cur, width = [], [], 0
+        for i, n in enumerate(news):  # rows in order; a chunk's padded size stays within prefill_tokens
+            w = max(width, round_up(len(n), 8))
+            if cur and (len(cur) + 1) * w > self.prefill_tokens:
+                chunks.append(cur)
+                cur, w = [], round_up(len(n), 8)
+            cur.append(i)
+            width = w
+        chunks.append(cur)
+        logits = torch.cat([
+            self._forward([reqs[i].seq.slot for i in c], [news[i] for i in c], [starts[i] for i in c]) for c in chunks
+        ])
         for r, n in zip(reqs, news):
             r.seq.tokens.extend(n)
         self._sample_rows(reqs, logits)
