@@ -183,7 +183,7 @@ def plot(curves: dict, args, path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=10, help="training steps per run (the budget)")
+    ap.add_argument("--steps", type=int, default=8, help="training steps per run (the budget)")
     ap.add_argument("--tasks", type=int, default=2, help="tasks per step")
     ap.add_argument("--group", type=int, default=8, help="episodes per task")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per (env, estimator)")

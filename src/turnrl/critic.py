@@ -17,9 +17,11 @@ stands in for the next state: a deviation from textbook bootstrapping that only 
 The value head starts at zero (weights and bias), so the first GAE step sees V = 0 everywhere.
 
 Cost. A micro-batch runs the prompt prefix its sequences share (system prompt, few-shot exchanges) once and
-broadcasts its keys/values (:mod:`turnrl.prefix`, as the learner does), so the value passes cost about as
-much as the policy's own: without it, turn-level PPO's step took 2.3x GRPO's on the default FrozenLake
-recipe (46 s vs 20 s of update per step, bench/credit.py, 2026-12-03).
+broadcasts its keys/values (:mod:`turnrl.prefix`), as the learner does. The critic's passes are still
+separate from the policy's (a no-grad prediction for GAE, then a forward/backward for the value loss), so
+turn-level PPO's update costs about 2.2x GRPO's on FrozenLake (36 s vs 17 s per step, bench/credit.py,
+2026-12-04; 2.3x before the prefix was shared). Reading the ``head`` values off the policy's own forward
+pass is the remaining lever.
 """
 
 from __future__ import annotations
