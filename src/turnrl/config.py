@@ -122,7 +122,9 @@ class TrainConfig(_Section):
     betas: tuple[float, float] = Field((0.9, 0.99))
     warmup_steps: int = Field(0, ge=0, description="linear LR warm-up steps")
     grad_clip: float = Field(1.0, gt=0.0, description="max global gradient norm")
-    micro_batch_tokens: int = Field(4096, ge=64, description="token budget of one micro-batch (gradient accumulation)")
+    micro_batch_tokens: int = Field(
+        2048, ge=64, description="token budget of one micro-batch (gradient accumulation); sets activation memory"
+    )
     seed: int = Field(0, description="seed of every RNG (sampling, task order, init)")
     seed_start: int = Field(0, ge=0, description="first training task seed; tasks are seed_start, seed_start+1, ...")
     max_minutes: float = Field(0.0, ge=0.0, description="stop (and evaluate) after this wall time; 0 = no limit")

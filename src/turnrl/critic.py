@@ -99,7 +99,7 @@ class Critic:
     """V(s) at token positions; see the module docstring for the two modes and the position convention."""
 
     def __init__(self, policy, mode: str, *, lr: float, value_clip: float, grad_clip: float, pad_id: int,
-                 micro_batch_tokens: int = 4096, autocast_bf16: bool = False, min_shared_prefix: int = 16) -> None:
+                 micro_batch_tokens: int = 2048, autocast_bf16: bool = False, min_shared_prefix: int = 16) -> None:
         if mode not in ("head", "separate"):
             raise ValueError(f"critic mode must be 'head' or 'separate' (got {mode!r}); algo.critic=none means no critic")
         self.mode = mode
