@@ -114,3 +114,14 @@ def test_build_samples_masks_only_model_tokens_per_step_and_full():
     assert s[2].loss_mask == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]
     assert s[2].behaviour_logprobs == [0, 0, 0, -0.5, -0.5, -0.5, 0, 0, -0.5, -0.5]
     assert all(x.traj_index != 2 for x in s)  # env errors are never trained on
+
+
+def test_left_padded_keeps_each_suffix_flush_right_and_masks_only_padding():
+    from turnrl.prefix import left_padded
+
+    rows = [[7, 8, 1, 2, 3], [7, 8, 4], [7, 8]]
+    ids, att = left_padded(rows, prefix_len=2, pad_id=0)
+    assert ids.shape == (3, 8) and att.shape == (3, 10)  # suffix length 3 rounded up to the 8-bucket
+    assert ids[0, -3:].tolist() == [1, 2, 3] and ids[1, -1].item() == 4 and ids[2].eq(0).all()
+    assert att[:, :2].eq(1).all()
+    assert att.sum(1).tolist() == [5, 3, 2]  # prefix + real tokens, nothing else

@@ -36,7 +36,7 @@ import torch
 from turnrl import losses
 from turnrl.credit.base import ValueInputs
 from turnrl.learner import pack_by_length
-from turnrl.prefix import additive_mask, bucket_rows, common_prefix_len, forward, positions_from_mask, prefix_cache, round_up
+from turnrl.prefix import additive_mask, bucket_rows, common_prefix_len, forward, left_padded, positions_from_mask, prefix_cache
 from turnrl.types import Termination, Trajectory
 
 
@@ -144,14 +144,9 @@ class Critic:
         P = common_prefix_len([s.ids for s in chunk], limit=needed) if len(chunk) > 1 else 0
         if P < self.min_shared_prefix:
             P = 0
-        B, S = bucket_rows(len(chunk)), round_up(max(len(s.ids) for s in chunk) - P, 8)
-        ids = torch.full((B, S), self.pad_id, dtype=torch.long)
-        att = torch.zeros((B, P + S), dtype=torch.long)
-        att[:, :P] = 1
-        for b in range(B):
-            suffix = chunk[b if b < len(chunk) else 0].ids[P:]
-            ids[b, S - len(suffix) :] = torch.tensor(suffix)
-            att[b, P + S - len(suffix) :] = 1
+        B = bucket_rows(len(chunk))
+        ids, att = left_padded([chunk[b if b < len(chunk) else 0].ids for b in range(B)], P, self.pad_id)
+        S = ids.shape[1]
         with self._autocast():
             cache = prefix_cache(self.trunk, chunk[0].ids[:P], B) if P else None
             dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32

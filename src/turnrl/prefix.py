@@ -56,6 +56,23 @@ def bucket_rows(n: int) -> int:
     return round_up(n, 4) if n <= 16 else round_up(n, 16)
 
 
+def left_padded(rows: Sequence[Sequence[int]], prefix_len: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layout every shared-prefix batch uses: each row's tokens after ``prefix_len``, left-padded.
+
+    Returns ``ids`` (rows, S) with S the longest suffix rounded up to a multiple of 8 (a shape bucket), and
+    ``attention`` (rows, prefix_len + S): 1 on the prefix and on each row's real tokens, 0 on padding.
+    """
+    suffixes = [r[prefix_len:] for r in rows]
+    S = round_up(max(len(x) for x in suffixes), 8)
+    ids = torch.full((len(rows), S), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), prefix_len + S), dtype=torch.long)
+    attention[:, :prefix_len] = 1
+    for b, x in enumerate(suffixes):
+        ids[b, S - len(x) :] = torch.tensor(x, dtype=torch.long)
+        attention[b, prefix_len + S - len(x) :] = 1
+    return ids, attention
+
+
 def positions_from_mask(mask: torch.Tensor, offset: int = 0) -> torch.Tensor:
     """Position ids that count only attended tokens (left / middle padding safe). Shape: (batch, seq_len)."""
     pos = mask.long().cumsum(-1) - 1 + offset

@@ -16,7 +16,7 @@ from transformers.cache_utils import DynamicCache
 
 from turnrl.engines.base import Completion, SamplingParams
 from turnrl.engines.sampling import sample
-from turnrl.prefix import bucket_rows, round_up, common_prefix_len, forward, positions_from_mask, prefix_cache
+from turnrl.prefix import bucket_rows, common_prefix_len, forward, left_padded, positions_from_mask, prefix_cache
 
 
 class HFEngine:
@@ -36,9 +36,9 @@ class HFEngine:
         self.autocast_bf16 = autocast_bf16
         self.min_shared_prefix = min_shared_prefix
         self.max_batch = max_batch
-        # Rows prefilled per forward pass: at most this many suffix tokens. Attention over a long prompt
-        # builds (rows, heads, S, P + S) scores; prefilling 32 full-context rows of ~2,000 tokens at once
-        # took a training process past 12 GB. Row chunks bound that, and their caches are concatenated.
+        # Rows prefilled per forward pass: at most this many suffix tokens. Attention over long prompts
+        # builds (rows, heads, S, P + S) scores in one pass; row chunks bound that working memory, and
+        # their caches are concatenated.
         self.prefill_tokens = prefill_tokens
         self.version = 0
         self.generator = torch.Generator().manual_seed(seed)
@@ -91,14 +91,7 @@ class HFEngine:
         # Shapes are bucketed (rows and suffix length rounded up) because CPU kernels are specialised per
         # shape: a new shape costs far more than a few padded rows. Padding rows repeat row 0 and are ignored.
         rows: list[int | None] = list(range(B)) + [None] * (bucket_rows(B) - B)
-        suffixes = [p[P:] for p in prompts] + [prompts[0][P:]] * (len(rows) - B)
-        S = round_up(max(len(s) for s in suffixes), 8)
-        ids = torch.full((len(rows), S), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), P + S), dtype=torch.long)
-        mask[:, :P] = 1
-        for b, s in enumerate(suffixes):  # left-pad each suffix against the shared prefix
-            ids[b, S - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[b, P + S - len(s) :] = 1
+        ids, mask = left_padded(list(prompts) + [prompts[0]] * (len(rows) - B), P, self.pad_id)
         positions = positions_from_mask(mask)[:, P:]
         logits, cache = self._prefill(prompts[0][:P], ids, mask, positions)
         next_pos = positions[:, -1] + 1
