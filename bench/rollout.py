@@ -14,8 +14,10 @@ Engines:
 - ``native-plain``: the same engine with plain weight matrices (what packing alone buys).
 
 Printed: generated tokens/s (generated tokens / generation wall time), prefilled tokens, the ratio of each
-to ``hf-naive`` and ``hf``; the machine's bf16 matmul peak measured here and the native engine's achieved
-FLOP/s in decode and prefill as a fraction of it.
+to ``hf-naive`` and ``hf``; the machine's bf16 matmul peak and memory read bandwidth measured here, the
+native engine's achieved FLOP/s in decode-only passes and in passes that prefill as a fraction of the peak,
+and the decode roofline: a decode pass reads every weight once, so with R rows on this memory it cannot
+exceed R x FLOPs-per-token / (bytes read / bandwidth), however good the kernels.
 
     python bench/rollout.py [--rounds 2] [--contexts per_step full] [--no-write]
 """
@@ -45,6 +47,17 @@ def matmul_peak() -> float:
         for _ in range(reps):
             torch.nn.functional.linear(a, b)
         best = max(best, 2 * m * k * n * reps / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def read_bandwidth() -> float:
+    """Best GB/s reading a 256 MB tensor (a reduction that touches every byte once), warm."""
+    a = torch.ones(64 * 2**20)
+    best = 0.0
+    for _ in range(5):
+        t = time.perf_counter()
+        a.sum()
+        best = max(best, a.numel() * 4 / (time.perf_counter() - t) / 1e9)
     return best
 
 
@@ -81,9 +94,10 @@ def main() -> int:
     env_kwargs = dict(max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty, progress_reward=cfg.env.progress_reward)
     sp = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature)
     T, G = cfg.rollout.tasks_per_step, cfg.rollout.group_size
-    peak = matmul_peak()
-    print(f"bf16 matmul peak measured here: {peak:.0f} GFLOP/s", flush=True)
+    peak, bandwidth = matmul_peak(), read_bandwidth()
+    print(f"bf16 matmul peak measured here: {peak:.0f} GFLOP/s; memory read bandwidth {bandwidth:.1f} GB/s", flush=True)
     mm_flops, attn_flops = model_flops(model)
+    kv_bytes_per_position = 2 * 2 * model.config.num_hidden_layers * (getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads) * (getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads)
 
     lines = []
     for context in args.contexts:
@@ -99,7 +113,8 @@ def main() -> int:
         if context == "full":  # the head is the only thing shared; hf-naive and hf differ only in it
             engines.pop("hf-naive")
         tot = {name: {"gen_s": 0.0, "gen_tok": 0, "prompt_tok": 0, "episodes": 0, "turns": 0} for name in engines}
-        counters = {k: 0.0 for k in ("prefill_tokens", "decode_tokens", "prefill_s", "decode_s", "decode_kv")}
+        counters = {k: 0.0 for k in ("prefill_tokens", "decode_tokens", "prefill_s", "decode_s", "decode_only_passes",
+                                     "decode_only_tokens", "decode_only_kv")}
         for name, eng in engines.items():  # warm-up on other seeds
             Collector(eng, tok, lambda: make(cfg.env.id, **env_kwargs), ctx).collect(list(range(900, 900 + T)), G, sp)
         for r in range(args.rounds):
@@ -121,10 +136,18 @@ def main() -> int:
                 print(f"[{context}] round {r + 1} {name:9s} {col.stats.generate_s:6.1f} s  "
                       f"{col.stats.generated_tokens / col.stats.generate_s:7.1f} generated tok/s", flush=True)
         rate = {n: s["gen_tok"] / s["gen_s"] for n, s in tot.items()}
-        decode_flops = counters["decode_tokens"] * mm_flops + counters["decode_kv"] * attn_flops
-        prefill_flops = counters["prefill_tokens"] * mm_flops  # attention left out: a lower bound
+        # decode-only passes: matmul FLOPs of every row plus attention over the positions each row attends
+        decode_flops = counters["decode_only_tokens"] * mm_flops + counters["decode_only_kv"] * attn_flops
         dec = decode_flops / counters["decode_s"] / 1e9 if counters["decode_s"] else float("nan")
-        pre = prefill_flops / counters["prefill_s"] / 1e9 if counters["prefill_s"] else float("nan")
+        # passes that prefill also carry the decode rows of that tick; attention left out: a lower bound
+        riding = counters["decode_tokens"] - counters["decode_only_tokens"]
+        pre = (counters["prefill_tokens"] + riding) * mm_flops / counters["prefill_s"] / 1e9 if counters["prefill_s"] else float("nan")
+        # Roofline of a decode pass: it reads every weight (bf16: 2 bytes per 2 FLOPs of one row) and each row's
+        # keys/values once, so with R rows it cannot beat R * FLOPs-per-token / (bytes / bandwidth).
+        passes = max(1.0, counters["decode_only_passes"])
+        rows = counters["decode_only_tokens"] / passes
+        step_bytes = mm_flops + counters["decode_only_kv"] / passes * kv_bytes_per_position
+        bound = min(peak, rows * mm_flops / (step_bytes / (bandwidth * 1e9)) / 1e9)
         lines.append(f"**context `{context}`** ({args.rounds} rounds x {T * G} episodes per engine):\n")
         lines.append("| engine | generation s | generated tokens | turns | prompt tokens (logical) | generated tok/s | vs hf-naive | vs hf |")
         lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -134,9 +157,13 @@ def main() -> int:
             lines.append(f"| {n} | {s['gen_s']:.1f} | {s['gen_tok']} | {s['turns']} | {s['prompt_tok']} | {rate[n]:.1f} | {vs_naive} | {rate[n] / rate['hf']:.2f}x |")
         lines.append(
             f"\nnative engine: prefilled {int(counters['prefill_tokens'])} tokens of {tot['native']['prompt_tok']} logical prompt tokens "
-            f"({counters['prefill_tokens'] / max(1, tot['native']['prompt_tok']):.1%}); decode {dec:.0f} GFLOP/s = "
-            f"{dec / peak:.1%} of the {peak:.0f} GFLOP/s bf16 matmul peak; prefill >= {pre:.0f} GFLOP/s = {pre / peak:.1%}; "
-            f"time in prefill {counters['prefill_s']:.1f} s, decode {counters['decode_s']:.1f} s.\n"
+            f"({counters['prefill_tokens'] / max(1, tot['native']['prompt_tok']):.1%}). Decode-only passes "
+            f"({int(counters['decode_only_passes'])}, {rows:.1f} rows on average): {dec:.0f} GFLOP/s = {dec / peak:.1%} of the "
+            f"{peak:.0f} GFLOP/s bf16 matmul peak; the memory-bandwidth bound of such a pass on this machine "
+            f"({bandwidth:.1f} GB/s) is {bound:.0f} GFLOP/s = {bound / peak:.1%} of peak, so decode reaches {dec / bound:.0%} of "
+            f"what the memory allows. Passes that prefill ({int(counters['decode_tokens'] - counters['decode_only_tokens'])} "
+            f"decode rows rode along): >= {pre:.0f} GFLOP/s = {pre / peak:.1%}. Time in passes that prefill "
+            f"{counters['prefill_s']:.1f} s, decode-only {counters['decode_s']:.1f} s.\n"
         )
     report = "\n".join(lines)
     print("\n" + report)

@@ -10,8 +10,10 @@ What it does differently from :class:`~turnrl.engines.hf.HFEngine` (the referenc
   prompts share the system prompt and few-shot head, which is likewise never recomputed.
 - **A prefix store** keeps the KV of a prompt head that fresh sequences share (computed once per weight
   version, copied into each new slot).
-- **Continuous batching.** :meth:`agenerate` is a coroutine per request; a driver task runs engine ticks
-  (admit waiting requests and prefill their new tokens; decode one token for every running request).
+- **Continuous batching.** :meth:`agenerate` is a coroutine per request; a driver task runs engine ticks.
+  A tick is one forward pass over every running request's next token together with the new prompt tokens
+  of the requests admitted now, laid end to end (the matmuls see no padding; only attention groups them
+  into rows), so admissions ride along with decoding instead of paying for a pass of their own.
   A request that finishes its turn returns at once, its episode steps its env and comes back while the
   others keep decoding. When slots run out, the least recently used idle sequence is evicted (its cache
   is recomputed if it returns, as vLLM's recompute preemption does).
@@ -67,6 +69,22 @@ class _Weights:
     lm_head: torch.Tensor
     final_norm: torch.Tensor
     layers: list[dict[str, torch.Tensor | None]]
+
+
+@dataclass
+class _AttentionGroup:
+    """Rows of one forward pass that attend together: ``q_index`` (rows, T) picks each row's queries from the
+    flat tokens (padding picks token 0), ``mask`` (rows, 1, heads per key/value head * T, kv_len) is additive, ``kv_slots`` the slots to
+    read keys and values from (None: slots ``0..rows`` in place); ``src``/``dst`` map the real entries of the
+    (rows * T) output back to flat token indices."""
+
+    q_index: torch.Tensor
+    mask: torch.Tensor
+    kv_slots: torch.Tensor | None
+    rows: int
+    kv_len: int
+    src: torch.Tensor
+    dst: torch.Tensor
 
 
 @dataclass
@@ -155,8 +173,10 @@ class NativeEngine:
         self._driver: asyncio.Task | None = None
         self._prefix: tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
         self.counters = {
-            "prefill_tokens": 0, "decode_tokens": 0, "decode_kv": 0, "reused_tokens": 0, "evictions": 0, "ticks": 0,
-            "prefill_s": 0.0, "decode_s": 0.0,
+            "prefill_tokens": 0, "decode_tokens": 0, "reused_tokens": 0, "evictions": 0, "ticks": 0,
+            # time of ticks that prefill (decode rows riding along included) and of decode-only ticks, with the
+            # tokens and attended positions of the latter (bench/rollout.py's decode FLOP/s)
+            "prefill_s": 0.0, "decode_s": 0.0, "decode_only_passes": 0, "decode_only_tokens": 0, "decode_only_kv": 0,
         }
         self._load_weights()
         self._rope_tables()
@@ -278,17 +298,30 @@ class NativeEngine:
         return req
 
     def _tick(self) -> None:
-        """One engine step: admit waiting requests (prefill their new tokens, sample), then decode the rest."""
+        """One engine step: a single forward pass over every running request's next token and the new prompt
+        tokens of the requests admitted now (their first chunk, see ``prefill_tokens``), then one sample per row.
+
+        Prefill and decode share the pass because a pass over few tokens costs about as much as reading the
+        weights once: the admissions that trickle in while others decode ride along instead of paying for a
+        pass of their own.
+        """
         self.counters["ticks"] += 1
+        t0 = time.perf_counter()
         admitted = self._admit()
-        if admitted:
-            t0 = time.perf_counter()
-            self._prefill(admitted)
-            self.counters["prefill_s"] += time.perf_counter() - t0
         decoding = [r for r in self._running if r.finish is None and r not in admitted]
-        if decoding:
-            t0 = time.perf_counter()
-            self._decode(decoding)
+        rows = [(r, [r.out[-1]], len(r.seq.tokens)) for r in decoding]
+        self.counters["decode_tokens"] += len(decoding)
+        if admitted:
+            chunks = self._prefill_chunks(admitted)
+            for chunk in chunks[1:]:  # prompts beyond the first chunk's token budget: passes of their own
+                self._forward_rows(chunk)
+            self._forward_rows(chunks[0] + rows)
+            self.counters["prefill_s"] += time.perf_counter() - t0
+        elif rows:
+            self.counters["decode_only_passes"] += 1
+            self.counters["decode_only_tokens"] += len(rows)
+            self.counters["decode_only_kv"] += sum(start + 1 for _, _, start in rows)  # attended positions
+            self._forward_rows(rows)
             self.counters["decode_s"] += time.perf_counter() - t0
         self._running = [r for r in self._running if r.finish is None]
 
@@ -335,43 +368,37 @@ class NativeEngine:
         return any(s in tail for s in stops)
 
     # ---- prefill and decode ---------------------------------------------------------------------
-    def _prefill(self, reqs: list[_Request]) -> None:
-        """Bring each request's cache up to its prompt (reusing what it holds), then sample its first token."""
+    def _prefill_chunks(self, reqs: list[_Request]) -> list[list[tuple[_Request, list[int], int]]]:
+        """Each admitted request's new prompt tokens (reusing what its cache holds), as (request, tokens, start)
+        rows in chunks whose padded size (rows x longest row) stays within ``prefill_tokens``."""
         self._maybe_store_prefix(reqs)
-        news, starts = [], []
+        rows = []
         for r in reqs:
             seq = r.seq
             if not seq.tokens and self._prefix is not None:
                 self._copy_prefix(seq, r.prompt)
             keep = min(common_prefix_len([seq.tokens, r.prompt]), len(r.prompt) - 1)  # >= 1 new token to sample from
             self.counters["reused_tokens"] += keep
+            self.counters["prefill_tokens"] += len(r.prompt) - keep
             seq.tokens = r.prompt[:keep]
-            news.append(r.prompt[keep:])
-            starts.append(keep)
-        self.counters["prefill_tokens"] += sum(len(n) for n in news)
-        chunks, cur, width = [], [], 0
-        for i, n in enumerate(news):  # rows in order; a chunk's padded size stays within prefill_tokens
-            w = max(width, round_up(len(n), 8))
-            if cur and (len(cur) + 1) * w > self.prefill_tokens:
-                chunks.append(cur)
-                cur, w = [], round_up(len(n), 8)
-            cur.append(i)
+            rows.append((r, r.prompt[keep:], keep))
+        chunks: list[list] = [[]]
+        width = 0
+        for row in rows:
+            w = max(width, round_up(len(row[1]), 8))
+            if chunks[-1] and (len(chunks[-1]) + 1) * w > self.prefill_tokens:
+                chunks.append([])
+                w = round_up(len(row[1]), 8)
+            chunks[-1].append(row)
             width = w
-        chunks.append(cur)
-        logits = torch.cat([
-            self._forward([reqs[i].seq.slot for i in c], [news[i] for i in c], [starts[i] for i in c]) for c in chunks
-        ])
-        for r, n in zip(reqs, news):
-            r.seq.tokens.extend(n)
-        self._sample_rows(reqs, logits)
+        return chunks
 
-    def _decode(self, reqs: list[_Request]) -> None:
-        self.counters["decode_tokens"] += len(reqs)
-        self.counters["decode_kv"] += sum(len(r.seq.tokens) + 1 for r in reqs)  # attended positions (for FLOP counts)
-        logits = self._decode_step(reqs)
-        for r in reqs:
-            r.seq.tokens.append(r.out[-1])
-        self._sample_rows(reqs, logits)
+    def _forward_rows(self, rows: list[tuple[_Request, list[int], int]]) -> None:
+        """Feed each row's tokens to its request's slot; sample each request's next token from the last one."""
+        logits = self._forward([r.seq.slot for r, _, _ in rows], [n for _, n, _ in rows], [s for _, _, s in rows])
+        for r, n, _ in rows:
+            r.seq.tokens.extend(n)
+        self._sample_rows([r for r, _, _ in rows], logits)
 
     def _sample_rows(self, reqs: list[_Request], logits: torch.Tensor) -> None:
         by_params: dict[SamplingParams, list[int]] = {}
@@ -454,11 +481,12 @@ class NativeEngine:
         m = self.model.model if hasattr(self.model, "model") else self.model
         pos = torch.arange(self.max_len + 1)[None]  # every column, the scratch one included
         cos, sin = m.rotary_emb(torch.zeros(1, dtype=torch.float32), pos)
-        self._cos, self._sin = cos[0], sin[0]  # fp32, (max_len + 1, head_dim)
+        sign = torch.cat([-torch.ones(self.head_dim // 2), torch.ones(self.head_dim // 2)])
+        self._cos, self._sin_signed = cos[0], sin[0] * sign  # fp32, (max_len + 1, head_dim)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm in fp32 (as the reference does), cast to the engine dtype for the matmul that follows."""
-        return (weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))).to(self.dtype)
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps).to(self.dtype)  # one fused op; same numbers
 
     def _ensure_capacity(self, need: int) -> None:
         """Grow every slot to hold ``need`` tokens (plus one scratch column that padded rows write to)."""
@@ -483,88 +511,111 @@ class NativeEngine:
     def _forward(self, slots: list[int], news: list[list[int]], starts: list[int], need_logits: bool = True) -> torch.Tensor | None:
         """Run ``news[b]`` at positions ``starts[b]...`` of slot ``slots[b]``; write their keys/values there.
 
-        Rows are right-padded (to a multiple of 8 tokens, so kernel shapes repeat); padded positions write
-        to the scratch column and no real query sees them. Returns the logits at each row's last new token.
+        The tokens of all rows are laid end to end (``N`` of them, rounded up to a token bucket so kernel shapes
+        repeat; padding tokens write to the scratch column), so the matmuls see no padding; only attention
+        regroups them into rows (:class:`_AttentionGroup`). Returns the logits at each row's last new token.
         Shape: (rows, vocab).
         """
-        B = len(slots)
-        lens = torch.tensor([len(n) for n in news])
-        T = -(-int(lens.max()) // 8) * 8
-        self._ensure_capacity(max(s + len(n) for s, n in zip(starts, news)))
-        ids = torch.zeros((B, T), dtype=torch.long)
-        for b, n in enumerate(news):
-            ids[b, : len(n)] = torch.tensor(n)
-        pos = torch.tensor(starts)[:, None] + torch.arange(T)[None]
-        valid = torch.arange(T)[None] < lens[:, None]
-        pos = torch.where(valid, pos, torch.full_like(pos, self._cap))  # padding -> the scratch column
-        kv_len = min(self._cap + 1, -(-max(s + len(n) for s, n in zip(starts, news)) // 32) * 32)
-        slot_idx = torch.tensor(slots)
-
-        def keys_values(K, V):
-            return K[slot_idx, :, :kv_len], V[slot_idx, :, :kv_len]
-
-        x = self._layers(ids, pos, slot_idx[:, None].expand(B, T), keys_values, kv_len)
+        lens = [len(n) for n in news]
+        ends = [s + n for s, n in zip(starts, lens)]
+        self._ensure_capacity(max(ends))
+        n_real = sum(lens)
+        N = _bucket_tokens(n_real)
+        ids = torch.zeros(N, dtype=torch.long)
+        ids[:n_real] = torch.tensor([t for n in news for t in n], dtype=torch.long)
+        pos = torch.full((N,), self._cap, dtype=torch.long)  # padding -> the scratch column
+        pos[:n_real] = torch.cat([torch.arange(s, e) for s, e in zip(starts, ends)])
+        slot_of = torch.zeros(N, dtype=torch.long)
+        slot_of[:n_real] = torch.repeat_interleave(torch.tensor(slots), torch.tensor(lens))
+        first = [0]
+        for n in lens[:-1]:
+            first.append(first[-1] + n)
+        single = [b for b, n in enumerate(lens) if n == 1]
+        multi = [b for b, n in enumerate(lens) if n > 1]
+        groups = []
+        if single:
+            groups.append(self._group([slots[b] for b in single], [first[b] for b in single], [1] * len(single),
+                                      [starts[b] for b in single], range_ok=True))
+        if multi:
+            groups.append(self._group([slots[b] for b in multi], [first[b] for b in multi], [lens[b] for b in multi],
+                                      [starts[b] for b in multi], range_ok=False))
+        x = self._layers(ids, pos, slot_of, groups)
         if not need_logits:
             return None
-        last = x[torch.arange(B), lens - 1]  # only the positions that are sampled from reach the LM head
-        return self._logits(last)
+        last = torch.tensor([f + n - 1 for f, n in zip(first, lens)])  # only these positions reach the LM head
+        return self._logits(x[last])
 
-    @torch.no_grad()
-    def _decode_step(self, reqs: list[_Request]) -> torch.Tensor:
-        """Feed each request's last sampled token; return the next-token logits. Shape: (len(reqs), vocab).
+    def _group(self, slots: list[int], firsts: list[int], lens: list[int], starts: list[int], range_ok: bool) -> _AttentionGroup:
+        """Attention rows for tokens ``firsts[b] .. firsts[b] + lens[b]`` of the flat batch, in slot ``slots[b]``.
 
-        Occupied slots are kept contiguous from 0, so the step runs over slots ``0..n`` (n rounded up to a row
-        bucket): keys and values are read in place, without a gather. Slots in that range with no token to
-        feed (idle, free) ride along writing to the scratch column; their outputs are dropped.
+        Rows are padded to a common length (a multiple of 8). Keys and values are read from the cache in
+        place over slots ``0..n`` when the rows fill most of that range (decode: occupied slots are kept
+        contiguous from 0; idle slots ride along as dummy queries), else gathered by slot.
         """
-        self._ensure_capacity(max(len(r.seq.tokens) + 1 for r in reqs))
-        n = min(self.max_slots, bucket_rows(max(r.seq.slot for r in reqs) + 1))
-        ids = torch.zeros((n, 1), dtype=torch.long)
-        pos = torch.full((n, 1), self._cap, dtype=torch.long)
-        rows = torch.tensor([r.seq.slot for r in reqs])
-        ids[rows, 0] = torch.tensor([r.out[-1] for r in reqs])
-        pos[rows, 0] = torch.tensor([len(r.seq.tokens) for r in reqs])
-
-        # attend over the columns the longest row uses (in buckets of 32), not the slot's whole capacity
-        kv_len = min(self._cap + 1, -(-max(len(r.seq.tokens) + 1 for r in reqs) // 32) * 32)
-
-        def keys_values(K, V):
-            return K[:n, :, :kv_len], V[:n, :, :kv_len]
-
-        x = self._layers(ids, pos, torch.arange(n)[:, None], keys_values, kv_len)
-        return self._logits(x[rows, 0])
-
-    def _layers(self, ids, pos, write_rows, keys_values, kv_len: int) -> torch.Tensor:
-        """The decoder stack over ``ids`` at positions ``pos`` (both (B, T)); returns the final hidden states.
-
-        Each layer writes its keys/values for these tokens to ``(write_rows, pos)`` of its cache, then attends
-        over ``keys_values(K, V)`` (B, n_kv, kv_len, head_dim) with query ``t`` of row ``b`` seeing keys
-        ``0..pos[b, t]``.
-        """
-        B, T = ids.shape
-        nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
-        allowed = torch.arange(kv_len)[None, None, :] <= pos[:, :, None]
+        T = round_up(max(lens), 8) if max(lens) > 1 else 1
+        kv_len = min(self._cap + 1, round_up(max(s + n for s, n in zip(starts, lens)), 32))  # only the columns in use
+        n_range = min(self.max_slots, bucket_rows(max(slots) + 1))
+        if range_ok and 2 * len(slots) >= n_range:
+            row_of = slots  # row b of the group is slot b
+            B, kv_slots = n_range, None
+        else:
+            row_of = list(range(len(slots)))
+            B, kv_slots = len(slots), torch.tensor(slots)
+        q_index = torch.zeros((B, T), dtype=torch.long)
+        q_pos = torch.full((B, T), self._cap, dtype=torch.long)  # dummy queries see every column: no empty softmax
+        src, dst = [], []
+        for row, f, n, s in zip(row_of, firsts, lens, starts):
+            q_index[row, :n] = torch.arange(f, f + n)
+            q_pos[row, :n] = torch.arange(s, s + n)
+            src.extend(range(row * T, row * T + n))
+            dst.extend(range(f, f + n))
+        allowed = torch.arange(kv_len)[None, None, :] <= q_pos[:, :, None]
         mask = torch.zeros((B, 1, T, kv_len), dtype=self.dtype).masked_fill(~allowed[:, None], torch.finfo(self.dtype).min)
-        cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]  # (B, 1, T, hd)
-        x = self._w.embed[ids].float()  # the residual stream stays fp32, as under the learner's autocast. (B, T, H)
+        mask = mask.repeat(1, 1, self.n_heads // self.n_kv, 1)  # one copy per query head of a key/value group
+        return _AttentionGroup(q_index, mask, kv_slots, B, kv_len, torch.tensor(src), torch.tensor(dst))
+
+    def _layers(self, ids: torch.Tensor, pos: torch.Tensor, slot_of: torch.Tensor, groups: list[_AttentionGroup]) -> torch.Tensor:
+        """The decoder stack over the flat tokens ``ids`` at positions ``pos`` of slots ``slot_of`` (all (N,)).
+
+        Each layer writes its keys/values for these tokens to ``(slot_of, pos)`` of its cache, then each group
+        attends over its rows' cache columns. Returns the final hidden states, (N, hidden).
+        """
+        N = ids.shape[0]
+        nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
+        rep = nh // nkv
+        cos, sin = self._cos[pos][:, None], self._sin_signed[pos][:, None]  # (N, 1, hd)
+        x = self._w.embed[ids].float()  # the residual stream stays fp32, as under the learner's autocast. (N, H)
         for layer, K, V in zip(self._w.layers, self._k, self._v):
-            h = self._norm(x, layer["in_norm"])
-            q, k, v = _linear(h, layer["qkv"], layer["qkv_bias"]).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-            q = q.view(B, T, nh, hd).transpose(1, 2)
-            k = k.view(B, T, nkv, hd).transpose(1, 2)
-            q = (q * cos + _rotate_half(q) * sin).to(self.dtype)
-            k = (k * cos + _rotate_half(k) * sin).to(self.dtype)
-            K[write_rows, :, pos] = k.transpose(1, 2)
-            V[write_rows, :, pos] = v.view(B, T, nkv, hd)
-            keys, vals = keys_values(K, V)
-            att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=nkv != nh)
-            x = x + _linear(att.transpose(1, 2).reshape(B, T, nh * hd), layer["o"], layer["o_bias"])
+            qkv = _linear(self._norm(x, layer["in_norm"]), layer["qkv"], layer["qkv_bias"])
+            qk, v = qkv[:, : (nh + nkv) * hd].view(N, nh + nkv, hd), qkv[:, (nh + nkv) * hd :].view(N, nkv, hd)
+            # RoPE on queries and keys at once; roll(half) * signed sin == rotate_half * sin, exactly
+            qk = (qk * cos + torch.roll(qk, hd // 2, -1) * sin).to(self.dtype)
+            q = qk[:, :nh]
+            K[slot_of, :, pos] = qk[:, nh:]
+            V[slot_of, :, pos] = v
+            att = torch.zeros((N, nh * hd), dtype=self.dtype)
+            for g in groups:
+                if g.kv_slots is None:
+                    keys, vals = K[: g.rows, :, : g.kv_len], V[: g.rows, :, : g.kv_len]
+                else:
+                    keys, vals = K.index_select(0, g.kv_slots)[:, :, : g.kv_len], V.index_select(0, g.kv_slots)[:, :, : g.kv_len]
+                B, T = g.q_index.shape
+                # the query heads sharing a key/value head become one longer query: each key is read once
+                qg = q[g.q_index].view(B, T, nkv, rep, hd).permute(0, 2, 3, 1, 4).reshape(B, nkv, rep * T, hd)
+                o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=g.mask)
+                att[g.dst] = o.view(B, nkv, rep, T, hd).permute(0, 3, 1, 2, 4).reshape(B * T, nh * hd)[g.src]
+            x = x + _linear(att, layer["o"], layer["o_bias"])
             gate, up = _linear(self._norm(x, layer["post_norm"]), layer["gate_up"]).chunk(2, dim=-1)
             x = x + _linear(F.silu(gate) * up, layer["down"])
         return x
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return _linear(self._norm(hidden, self._w.final_norm), self._w.lm_head).float()
+
+
+def _bucket_tokens(n: int) -> int:
+    """Tokens per forward pass rounded up (to 8 up to 64, 32 up to 1024, then 128): few distinct kernel shapes."""
+    return round_up(n, 8 if n <= 64 else 32 if n <= 1024 else 128)
 
 
 def _pack(weight: torch.Tensor, rows_hint: int) -> torch.Tensor:
@@ -588,8 +639,3 @@ def _onednn_packing_works(dtype: torch.dtype) -> bool:
         return bool(torch.allclose(_linear(x, _pack(w, 4)).float(), F.linear(x, w).float(), atol=1e-2, rtol=1e-2))
     except (RuntimeError, NotImplementedError):  # e.g. a CPU without bf16 support in oneDNN
         return False
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
