@@ -30,3 +30,16 @@ def test_a_row_draw_depends_only_on_its_generator():
     a, _ = sample(logits, SamplingParams(), [torch.Generator().manual_seed(s) for s in (1, 2, 3)])
     b, _ = sample(logits[1:2], SamplingParams(), [torch.Generator().manual_seed(2)])
     assert a[1] == b[0]
+
+
+def test_two_level_inverse_cdf_picks_the_token_a_full_cumsum_picks():
+    from turnrl.engines.sampling import _inverse_cdf
+
+    g = torch.Generator().manual_seed(0)
+    for vocab in (1000, 49152, 300):  # not a multiple of the block, a multiple, barely over one block
+        probs = torch.softmax(torch.randn(64, vocab, generator=g) * 4, -1)
+        probs[:, ::7] = 0.0  # zero-mass tokens must never be drawn
+        u = torch.rand(64, generator=g, dtype=torch.float64)
+        cdf = probs.double().cumsum(-1)
+        full = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
+        assert torch.equal(_inverse_cdf(probs, u), full)
