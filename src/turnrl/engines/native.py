@@ -74,13 +74,14 @@ class _Weights:
 @dataclass
 class _AttentionGroup:
     """Rows of one forward pass that attend together: ``q_index`` (rows, T) picks each row's queries from the
-    flat tokens (padding picks token 0), ``mask`` (rows, 1, heads per key/value head * T, kv_len) is additive, ``kv_slots`` the slots to
-    read keys and values from (None: slots ``0..rows`` in place); ``src``/``dst`` map the real entries of the
-    (rows * T) output back to flat token indices."""
+    flat tokens (padding picks token 0), ``mask`` (rows, 1, heads per key/value head * T, kv_len) is
+    additive, ``kv_slots`` the slots to gather keys and values from (None: slots ``slot0 .. slot0 + rows``,
+    read in place); ``src``/``dst`` map the real entries of the (rows * T) output back to flat token indices."""
 
     q_index: torch.Tensor
     mask: torch.Tensor
     kv_slots: torch.Tensor | None
+    slot0: int
     rows: int
     kv_len: int
     src: torch.Tensor
@@ -486,7 +487,9 @@ class NativeEngine:
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm in fp32 (as the reference does), cast to the engine dtype for the matmul that follows."""
-        return F.rms_norm(x, (x.shape[-1],), weight, self.eps).to(self.dtype)  # one fused op; same numbers
+        # mean(x^2) as |x|^2 / H: one reduction instead of a squared copy and its mean (within fp32 rounding)
+        r = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(self.eps).rsqrt_()
+        return (x * r).mul_(weight).to(self.dtype)
 
     def _ensure_capacity(self, need: int) -> None:
         """Grow every slot to hold ``need`` tokens (plus one scratch column that padded rows write to)."""
@@ -550,17 +553,17 @@ class NativeEngine:
 
         Rows are padded to a common length (a multiple of 8). Keys and values are read from the cache in
         place over slots ``0..n`` when the rows fill most of that range (decode: occupied slots are kept
-        contiguous from 0; idle slots ride along as dummy queries), else gathered by slot.
+        contiguous from 0; idle slots ride along as dummy queries) or are consecutive slots, else gathered.
         """
         T = round_up(max(lens), 8) if max(lens) > 1 else 1
         kv_len = min(self._cap + 1, round_up(max(s + n for s, n in zip(starts, lens)), 32))  # only the columns in use
         n_range = min(self.max_slots, bucket_rows(max(slots) + 1))
-        if range_ok and 2 * len(slots) >= n_range:
-            row_of = slots  # row b of the group is slot b
-            B, kv_slots = n_range, None
+        if range_ok and 2 * len(slots) >= n_range:  # row b of the group is slot b
+            row_of, B, kv_slots, slot0 = slots, n_range, None, 0
+        elif slots == list(range(slots[0], slots[0] + len(slots))):  # consecutive slots: in place as well
+            row_of, B, kv_slots, slot0 = list(range(len(slots))), len(slots), None, slots[0]
         else:
-            row_of = list(range(len(slots)))
-            B, kv_slots = len(slots), torch.tensor(slots)
+            row_of, B, kv_slots, slot0 = list(range(len(slots))), len(slots), torch.tensor(slots), 0
         q_index = torch.zeros((B, T), dtype=torch.long)
         q_pos = torch.full((B, T), self._cap, dtype=torch.long)  # dummy queries see every column: no empty softmax
         src, dst = [], []
@@ -572,7 +575,7 @@ class NativeEngine:
         allowed = torch.arange(kv_len)[None, None, :] <= q_pos[:, :, None]
         mask = torch.zeros((B, 1, T, kv_len), dtype=self.dtype).masked_fill(~allowed[:, None], torch.finfo(self.dtype).min)
         mask = mask.repeat(1, 1, self.n_heads // self.n_kv, 1)  # one copy per query head of a key/value group
-        return _AttentionGroup(q_index, mask, kv_slots, B, kv_len, torch.tensor(src), torch.tensor(dst))
+        return _AttentionGroup(q_index, mask, kv_slots, slot0, B, kv_len, torch.tensor(src), torch.tensor(dst))
 
     def _layers(self, ids: torch.Tensor, pos: torch.Tensor, slot_of: torch.Tensor, groups: list[_AttentionGroup]) -> torch.Tensor:
         """The decoder stack over the flat tokens ``ids`` at positions ``pos`` of slots ``slot_of`` (all (N,)).
@@ -588,25 +591,27 @@ class NativeEngine:
         for layer, K, V in zip(self._w.layers, self._k, self._v):
             qkv = _linear(self._norm(x, layer["in_norm"]), layer["qkv"], layer["qkv_bias"])
             qk, v = qkv[:, : (nh + nkv) * hd].view(N, nh + nkv, hd), qkv[:, (nh + nkv) * hd :].view(N, nkv, hd)
-            # RoPE on queries and keys at once; roll(half) * signed sin == rotate_half * sin, exactly
-            qk = (qk * cos + torch.roll(qk, hd // 2, -1) * sin).to(self.dtype)
+            # RoPE on queries and keys at once; roll(half) * signed sin == rotate_half * sin, exactly. In-place
+            # steps here and below: on large passes an extra full-size temporary costs about as much as a matmul.
+            qk = (qk * cos).addcmul_(torch.roll(qk, hd // 2, -1), sin).to(self.dtype)
             q = qk[:, :nh]
             K[slot_of, :, pos] = qk[:, nh:]
             V[slot_of, :, pos] = v
             att = torch.zeros((N, nh * hd), dtype=self.dtype)
             for g in groups:
                 if g.kv_slots is None:
-                    keys, vals = K[: g.rows, :, : g.kv_len], V[: g.rows, :, : g.kv_len]
-                else:
-                    keys, vals = K.index_select(0, g.kv_slots)[:, :, : g.kv_len], V.index_select(0, g.kv_slots)[:, :, : g.kv_len]
+                    rows = slice(g.slot0, g.slot0 + g.rows)
+                    keys, vals = K[rows, :, : g.kv_len], V[rows, :, : g.kv_len]
+                else:  # gather only the columns in use
+                    keys, vals = K[:, :, : g.kv_len].index_select(0, g.kv_slots), V[:, :, : g.kv_len].index_select(0, g.kv_slots)
                 B, T = g.q_index.shape
                 # the query heads sharing a key/value head become one longer query: each key is read once
                 qg = q[g.q_index].view(B, T, nkv, rep, hd).permute(0, 2, 3, 1, 4).reshape(B, nkv, rep * T, hd)
                 o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=g.mask)
                 att[g.dst] = o.view(B, nkv, rep, T, hd).permute(0, 3, 1, 2, 4).reshape(B * T, nh * hd)[g.src]
-            x = x + _linear(att, layer["o"], layer["o_bias"])
+            x.add_(_linear(att, layer["o"], layer["o_bias"]))
             gate, up = _linear(self._norm(x, layer["post_norm"]), layer["gate_up"]).chunk(2, dim=-1)
-            x = x + _linear(F.silu(gate) * up, layer["down"])
+            x.add_(_linear(F.silu(gate).mul_(up), layer["down"]))
         return x
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
