@@ -17,9 +17,10 @@ Printed: generated tokens/s (generated tokens / generation wall time), prefilled
 to ``hf-naive`` and ``hf``; the machine's bf16 matmul peak and memory read bandwidth measured here, the
 native engine's achieved FLOP/s in decode-only passes and in passes that prefill as a fraction of the peak,
 and the decode roofline: a decode pass reads every weight once, so with R rows on this memory it cannot
-exceed R x FLOPs-per-token / (bytes read / bandwidth), however good the kernels.
+exceed R x FLOPs-per-token / (bytes read / bandwidth), however good the kernels. Then a sweep of synthetic
+decode passes of 8-256 rows shows how close the engine gets to that bound, and to the peak, as rows grow.
 
-    python bench/rollout.py [--rounds 2] [--contexts per_step full] [--no-write]
+    python bench/rollout.py [--rounds 2] [--contexts per_step full] [--sweep-rows 8 32 64 128 256] [--no-write]
 """
 
 from __future__ import annotations
@@ -73,11 +74,47 @@ def model_flops(model) -> tuple[float, float]:
     return 2.0 * params, float(attn)
 
 
+def decode_sweep(model, tok, rows_list, context: int, peak: float, bandwidth: float, mm_flops: float,
+                 attn_flops: float, kv_bytes_per_position: int) -> list[str]:
+    """Decode passes of R rows at ``context`` cached tokens each, timed warm: FLOP/s against the peak and
+    against the memory-bandwidth roofline of a pass of R rows. The workload above has at most 32 rows."""
+    from turnrl.engines.native import NativeEngine
+
+    out = ["| rows | ms per decode pass | GFLOP/s | of bf16 peak | roofline (memory) | of roofline |", "|---:|---:|---:|---:|---:|---:|"]
+    g = torch.Generator().manual_seed(0)
+    for R in rows_list:
+        eng = NativeEngine(model, tok, dtype="bf16", max_slots=R, max_len=context + 64)
+        prompt = torch.randint(5, 1000, (context,), generator=g).tolist()
+        eng._forward([0], [prompt], [0], need_logits=False)
+        for s in range(1, R):  # every slot holds the same context (values do not matter for speed)
+            for K, V in zip(eng._k, eng._v):
+                K[s, :, :context], V[s, :, :context] = K[0, :, :context], V[0, :, :context]
+
+        def step() -> None:
+            eng._forward(list(range(R)), [[5]] * R, [context] * R)
+
+        for _ in range(3):
+            step()
+        n = 10
+        t = time.perf_counter()
+        for _ in range(n):
+            step()
+        dt = (time.perf_counter() - t) / n
+        flops = R * (mm_flops + (context + 1) * attn_flops)
+        bound = min(peak, R * mm_flops / ((mm_flops + R * (context + 1) * kv_bytes_per_position) / (bandwidth * 1e9)) / 1e9)
+        got = flops / dt / 1e9
+        out.append(f"| {R} | {dt * 1e3:.1f} | {got:.0f} | {got / peak:.1%} | {bound:.0f} GFLOP/s = {bound / peak:.0%} of peak | {got / bound:.0%} |")
+        print(out[-1], flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2, help="measured collections per engine and context")
     ap.add_argument("--contexts", nargs="+", default=["per_step", "full"], choices=["per_step", "full"])
     ap.add_argument("--no-write", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    ap.add_argument("--sweep-rows", type=int, nargs="*", default=[8, 32, 64, 128, 256],
+                    help="decode-pass sizes to time after the workload (none: skip)")
     args = ap.parse_args()
 
     from turnrl.config import load_config
@@ -165,6 +202,11 @@ def main() -> int:
             f"decode rows rode along): >= {pre:.0f} GFLOP/s = {pre / peak:.1%}. Time in passes that prefill "
             f"{counters['prefill_s']:.1f} s, decode-only {counters['decode_s']:.1f} s.\n"
         )
+    if args.sweep_rows:
+        context = 192  # about what a per-step FrozenLake row holds
+        lines.append(f"**decode passes by size** (synthetic: every row holds {context} cached tokens; native engine, bf16):\n")
+        lines += decode_sweep(model, tok, args.sweep_rows, context, peak, bandwidth, mm_flops, attn_flops, kv_bytes_per_position)
+        lines.append("")
     report = "\n".join(lines)
     print("\n" + report)
     if not args.no_write:
