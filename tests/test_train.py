@@ -214,3 +214,21 @@ def test_checkpoints_keep_exactly_the_newest_n(tmp_path, tokenizer, tiny_model):
         checkpoint.save_checkpoint(tmp_path, step, tiny_model, tokenizer, {}, keep=2)
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000003", "step_000004"]
     assert checkpoint.latest_checkpoint(tmp_path).name == "step_000004"
+
+
+def test_auto_engine_is_native_where_it_runs_the_model_and_hf_elsewhere(tokenizer, tiny_model, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from turnrl.config import ConfigError, load_config
+    from turnrl.engines import HFEngine
+    from turnrl.engines.native import NativeEngine
+    from turnrl.train import make_engine
+
+    auto = load_config(None, [])
+    assert auto.rollout.engine == "auto"
+    assert isinstance(make_engine(auto, tiny_model, tokenizer), NativeEngine)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=len(tokenizer)))
+    assert isinstance(make_engine(auto, gpt2, tokenizer), HFEngine)
+    assert "generating with the HF engine" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="rollout.engine=native"):
+        make_engine(load_config(None, ["rollout.engine=native"]), gpt2, tokenizer)

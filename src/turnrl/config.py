@@ -41,11 +41,12 @@ class EnvConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    engine: Literal["hf", "native", "vllm"] = Field(
-        "hf",
-        description="'hf': the reference engine (any HF causal LM); 'native': KV caches kept across turns and "
-        "continuous batching (Llama/Mistral/Qwen2 models; bf16 when model.autocast_bf16); 'vllm': vLLM on a GPU "
-        "(pip install 'turnrl[vllm]'; weights synced in place after every update)",
+    engine: Literal["auto", "hf", "native", "vllm"] = Field(
+        "auto",
+        description="'auto': native for the models it runs, hf for the rest; 'hf': the reference engine (any HF "
+        "causal LM); 'native': KV caches kept across turns and continuous batching (Llama/Mistral/Qwen2 models; "
+        "bf16 when model.autocast_bf16); 'vllm': vLLM on a GPU (pip install 'turnrl[vllm]'; weights synced in "
+        "place after every update)",
     )
     tasks_per_step: int = Field(4, ge=1, description="distinct tasks (seeds) per training step")
     group_size: int = Field(8, ge=1, description="episodes per task (GRPO group size)")
