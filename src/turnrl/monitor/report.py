@@ -489,7 +489,7 @@ function renderTrajectory() {
   box.textContent = ""; sum.textContent = "";
   if (trajSel.value === "") { box.appendChild(el("p", {}, "No trajectories recorded.")); return; }
   const t = D.trajectories[+trajSel.value];
-  sum.appendChild(el("p", {class: "meta"}, `${t.env} · seed ${t.seed} · group ${t.group ?? "?"} · step ${t.step} · ` +
+  sum.appendChild(el("p", {class: "meta"}, `#${t.index ?? "?"} · ${t.env} · seed ${t.seed} · group ${t.group ?? "?"} · step ${t.step} · ` +
     `termination ${t.termination} · reward ${fmt(t.reward)} · ${t.success ? "solved" : "not solved"}`));
   t.turns.forEach((u, j) => {
     const div = el("div", {class: "turn", "data-turn": j});
