@@ -8,7 +8,6 @@ import pytest
 
 from turnrl.envs import check_env, make
 from turnrl.envs.sql import SQL, Result, build_database, column_match, execution_match, run_read_only
-from turnrl.tools import ToolError
 
 
 def call(name, /, **arguments):
