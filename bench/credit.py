@@ -89,7 +89,7 @@ def run_one(env: str, est: str, seed: int, args) -> list[dict]:
         *env_over, *ESTIMATORS[est],
         f"train.steps={args.steps}", f"rollout.tasks_per_step={args.tasks}", f"rollout.group_size={args.group}",
         f"eval.num_tasks={args.eval_tasks}", f"eval.every={args.eval_every}", f"train.seed={seed}",
-        f"train.seed_start={10_000 * seed}", "log.progress=false", "log.tensorboard=false", "log.checkpoint_every=0",
+        f"train.seed_start={10_000 * seed}", "log.progress=false", "log.tensorboard=false", "log.checkpoint_every=0", "log.checkpoint_at_end=false",
         f"log.run_dir={args.out / 'runs'}", f"log.name={env}-{est}-seed{seed}", "log.sample_trajectories=0",
     ]
     if env == "sokoban":

@@ -35,7 +35,7 @@ def main() -> int:
     from turnrl.train import build, train
 
     t_start = time.perf_counter()
-    overrides = [f"train.max_minutes={args.minutes}", "log.progress=false", "log.checkpoint_every=0", *args.overrides]
+    overrides = [f"train.max_minutes={args.minutes}", "log.progress=false", "log.checkpoint_every=0", "log.checkpoint_at_end=false", *args.overrides]
     cfg = load_config(ROOT / "configs" / "default.yaml", overrides)
     # the budget counts model loading and every evaluation: shrink the trainer's own clock by the set-up time
     c = build(cfg)

@@ -40,7 +40,7 @@ def run_env(env: str, args) -> dict:
     overrides = [
         f"train.steps={args.steps}", f"rollout.tasks_per_step={args.tasks}", f"rollout.group_size={args.group}",
         f"eval.num_tasks={args.eval_tasks}", f"eval.every={args.steps}", "log.progress=false",
-        "log.tensorboard=false", "log.checkpoint_every=0", "log.sample_trajectories=0", "log.report=false",
+        "log.tensorboard=false", "log.checkpoint_every=0", "log.checkpoint_at_end=false", "log.sample_trajectories=0", "log.report=false",
         f"log.run_dir={args.out / 'runs'}", f"log.name={env}", *args.overrides,
     ]
     cfg = load_config(ROOT / "configs" / f"{env}.yaml", overrides)

@@ -166,7 +166,7 @@ def run_turnrl(args, engine: str, task: Task, eval_seeds: list[int], out_dir: Pa
         f"train.steps={args.steps}", f"train.lr={args.lr}", f"train.threads={args.threads}", "train.seed=0",
         "train.seed_start=0", "model.autocast_bf16=true",
         "eval.at_start=false", "eval.every=0", "eval.num_tasks=1",  # the held-out eval is ours, shared with TRL
-        "log.progress=false", "log.checkpoint_every=0", "log.sample_trajectories=0",
+        "log.progress=false", "log.checkpoint_every=0", "log.checkpoint_at_end=false", "log.sample_trajectories=0",
         f"log.run_dir={out_dir}", f"log.name=turnrl-{engine}",
     ]
     cfg = load_config(ROOT / "configs" / "default.yaml", overrides)

@@ -216,6 +216,15 @@ def test_checkpoints_keep_exactly_the_newest_n(tmp_path, tokenizer, tiny_model):
     assert checkpoint.latest_checkpoint(tmp_path).name == "step_000004"
 
 
+@pytest.mark.parametrize("at_end", [True, False])
+def test_the_final_checkpoint_is_saved_unless_switched_off(tmp_path, tokenizer, at_end):
+    run_dir, _ = _run(tmp_path, tokenizer, ["train.steps=2", "log.checkpoint_every=0", f"log.checkpoint_at_end={at_end}",
+                                            "eval.every=0", "eval.at_start=false"], f"end{at_end}")
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    assert saved == (["step_000002"] if at_end else [])
+    assert len(read_metrics(run_dir / "metrics.jsonl")) == 2  # the metrics are written either way
+
+
 def test_auto_engine_is_native_where_it_runs_the_model_and_hf_elsewhere(tokenizer, tiny_model, capsys):
     from transformers import GPT2Config, GPT2LMHeadModel
 

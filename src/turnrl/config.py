@@ -148,6 +148,9 @@ class LogConfig(_Section):
     tensorboard: bool = Field(True)
     progress: bool = Field(True, description="show a progress bar")
     checkpoint_every: int = Field(10, ge=0, description="save a checkpoint every N steps (0 = only at the end)")
+    checkpoint_at_end: bool = Field(True, description="save a checkpoint when the last step or train.max_minutes is "
+                                                      "reached (false: runs that keep only metrics, such as benchmarks; a "
+                                                      "monitor 'stop' action still checkpoints)")
     keep_checkpoints: int = Field(2, ge=1, description="how many recent checkpoints to keep")
     sample_trajectories: int = Field(4, ge=0, description="trajectories per step written to trajectories.jsonl")
     report: bool = Field(True, description="write RUN/report.html (curves, alerts, trajectory viewer) when training ends or stops")

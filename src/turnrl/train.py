@@ -503,7 +503,8 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
         stop = action == "stop"
         if alerts:
             alerted = True
-        save = (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0) or done == cfg.train.steps or out_of_time or stop
+        at_end = (done == cfg.train.steps or out_of_time) and cfg.log.checkpoint_at_end
+        save = (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0) or at_end or stop
         if save:
             saved = checkpoint.save_checkpoint(run_dir, done, c.model, c.tokenizer, checkpoint_state(c), keep=cfg.log.keep_checkpoints)
             if not alerted:  # a rollback target: saved before any alert fired
