@@ -29,6 +29,7 @@ import argparse
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -62,20 +63,34 @@ def read_bandwidth() -> float:
     return best
 
 
-def model_flops(model) -> tuple[float, float]:
-    """(matmul FLOPs per token incl. the LM head, attention FLOPs per token per attended position)."""
-    cfg = model.config
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    per_layer = 0
-    for layer in model.model.layers[:1]:
-        per_layer = sum(p.numel() for n, p in layer.named_parameters() if n.endswith("proj.weight"))
-    params = per_layer * cfg.num_hidden_layers + model.get_output_embeddings().weight.numel()
-    attn = 4 * cfg.num_attention_heads * hd * cfg.num_hidden_layers  # QK^T and PV
-    return 2.0 * params, float(attn)
+@dataclass
+class Costs:
+    """The model's per-token costs and this machine's limits, for the FLOP/s and roofline figures."""
+
+    mm_flops: float  # matmul FLOPs per token incl. the LM head (also the bytes of its bf16 weights)
+    attn_flops: float  # attention FLOPs per token per attended position (QK^T and PV)
+    kv_bytes: int  # bf16 key + value bytes per cached position, all layers
+    peak: float  # bf16 matmul GFLOP/s
+    bandwidth: float  # memory read GB/s
+
+    @classmethod
+    def measure(cls, model) -> Costs:
+        cfg = model.config
+        hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        per_layer = sum(p.numel() for n, p in model.model.layers[0].named_parameters() if n.endswith("proj.weight"))
+        params = per_layer * cfg.num_hidden_layers + model.get_output_embeddings().weight.numel()
+        return cls(mm_flops=2.0 * params, attn_flops=4.0 * cfg.num_attention_heads * hd * cfg.num_hidden_layers,
+                   kv_bytes=2 * 2 * cfg.num_hidden_layers * n_kv * hd, peak=matmul_peak(), bandwidth=read_bandwidth())
+
+    def decode_bound(self, rows: float, kv_positions: float) -> float:
+        """The GFLOP/s a decode pass of ``rows`` rows attending ``kv_positions`` cached positions in all can reach:
+        it reads every weight (bf16: 2 bytes per 2 FLOPs of one row) and those keys/values once."""
+        seconds = (self.mm_flops + kv_positions * self.kv_bytes) / (self.bandwidth * 1e9)
+        return min(self.peak, rows * self.mm_flops / seconds / 1e9)
 
 
-def decode_sweep(model, tok, rows_list, context: int, peak: float, bandwidth: float, mm_flops: float,
-                 attn_flops: float, kv_bytes_per_position: int) -> list[str]:
+def decode_sweep(model, tok, rows_list, context: int, costs: Costs) -> list[str]:
     """Decode passes of R rows at ``context`` cached tokens each, timed warm: FLOP/s against the peak and
     against the memory-bandwidth roofline of a pass of R rows. The workload above has at most 32 rows."""
     from turnrl.engines.native import NativeEngine
@@ -100,10 +115,10 @@ def decode_sweep(model, tok, rows_list, context: int, peak: float, bandwidth: fl
         for _ in range(n):
             step()
         dt = (time.perf_counter() - t) / n
-        flops = R * (mm_flops + (context + 1) * attn_flops)
-        bound = min(peak, R * mm_flops / ((mm_flops + R * (context + 1) * kv_bytes_per_position) / (bandwidth * 1e9)) / 1e9)
-        got = flops / dt / 1e9
-        out.append(f"| {R} | {dt * 1e3:.1f} | {got:.0f} | {got / peak:.1%} | {bound:.0f} GFLOP/s = {bound / peak:.0%} of peak | {got / bound:.0%} |")
+        got = R * (costs.mm_flops + (context + 1) * costs.attn_flops) / dt / 1e9
+        bound = costs.decode_bound(R, R * (context + 1))
+        out.append(f"| {R} | {dt * 1e3:.1f} | {got:.0f} | {got / costs.peak:.1%} | {bound:.0f} GFLOP/s = "
+                   f"{bound / costs.peak:.0%} of peak | {got / bound:.0%} |")
         print(out[-1], flush=True)
     return out
 
@@ -131,10 +146,9 @@ def main() -> int:
     env_kwargs = dict(max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty, progress_reward=cfg.env.progress_reward)
     sp = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature)
     T, G = cfg.rollout.tasks_per_step, cfg.rollout.group_size
-    peak, bandwidth = matmul_peak(), read_bandwidth()
+    costs = Costs.measure(model)
+    peak, bandwidth, mm_flops, attn_flops = costs.peak, costs.bandwidth, costs.mm_flops, costs.attn_flops
     print(f"bf16 matmul peak measured here: {peak:.0f} GFLOP/s; memory read bandwidth {bandwidth:.1f} GB/s", flush=True)
-    mm_flops, attn_flops = model_flops(model)
-    kv_bytes_per_position = 2 * 2 * model.config.num_hidden_layers * (getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads) * (getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads)
 
     lines = []
     for context in args.contexts:
@@ -179,12 +193,9 @@ def main() -> int:
         # passes that prefill also carry the decode rows of that tick; attention left out: a lower bound
         riding = counters["decode_tokens"] - counters["decode_only_tokens"]
         pre = (counters["prefill_tokens"] + riding) * mm_flops / counters["prefill_s"] / 1e9 if counters["prefill_s"] else float("nan")
-        # Roofline of a decode pass: it reads every weight (bf16: 2 bytes per 2 FLOPs of one row) and each row's
-        # keys/values once, so with R rows it cannot beat R * FLOPs-per-token / (bytes / bandwidth).
         passes = max(1.0, counters["decode_only_passes"])
         rows = counters["decode_only_tokens"] / passes
-        step_bytes = mm_flops + counters["decode_only_kv"] / passes * kv_bytes_per_position
-        bound = min(peak, rows * mm_flops / (step_bytes / (bandwidth * 1e9)) / 1e9)
+        bound = costs.decode_bound(rows, counters["decode_only_kv"] / passes)  # an average decode-only pass
         lines.append(f"**context `{context}`** ({args.rounds} rounds x {T * G} episodes per engine):\n")
         lines.append("| engine | generation s | generated tokens | turns | prompt tokens (logical) | generated tok/s | vs hf-naive | vs hf |")
         lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -205,7 +216,7 @@ def main() -> int:
     if args.sweep_rows:
         context = 192  # about what a per-step FrozenLake row holds
         lines.append(f"**decode passes by size** (synthetic: every row holds {context} cached tokens; native engine, bf16):\n")
-        lines += decode_sweep(model, tok, args.sweep_rows, context, peak, bandwidth, mm_flops, attn_flops, kv_bytes_per_position)
+        lines += decode_sweep(model, tok, args.sweep_rows, context, costs)
         lines.append("")
     report = "\n".join(lines)
     print("\n" + report)

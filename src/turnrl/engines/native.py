@@ -75,15 +75,14 @@ class _Weights:
 class _AttentionGroup:
     """Rows of one forward pass that attend together: ``q_index`` (rows, T) picks each row's queries from the
     flat tokens (padding picks token 0), ``mask`` (rows, 1, heads per key/value head * T, kv_len) is
-    additive, ``kv_slots`` the slots to gather keys and values from (None: slots ``slot0 .. slot0 + rows``,
-    read in place); ``src``/``dst`` map the real entries of the (rows * T) output back to flat token indices."""
+    additive over the first kv_len cache columns, ``kv_slots`` the slots to gather keys and values from
+    (None: slots ``slot0 .. slot0 + rows``, read in place); ``src``/``dst`` map the real entries of the
+    (rows * T) output back to flat token indices."""
 
     q_index: torch.Tensor
     mask: torch.Tensor
     kv_slots: torch.Tensor | None
     slot0: int
-    rows: int
-    kv_len: int
     src: torch.Tensor
     dst: torch.Tensor
 
@@ -533,15 +532,12 @@ class NativeEngine:
         first = [0]
         for n in lens[:-1]:
             first.append(first[-1] + n)
-        single = [b for b, n in enumerate(lens) if n == 1]
-        multi = [b for b, n in enumerate(lens) if n > 1]
         groups = []
-        if single:
-            groups.append(self._group([slots[b] for b in single], [first[b] for b in single], [1] * len(single),
-                                      [starts[b] for b in single], range_ok=True))
-        if multi:
-            groups.append(self._group([slots[b] for b in multi], [first[b] for b in multi], [lens[b] for b in multi],
-                                      [starts[b] for b in multi], range_ok=False))
+        for decode in (True, False):  # one-token rows (decode) and longer ones (prefill) attend separately
+            rows = [b for b, n in enumerate(lens) if (n == 1) == decode]
+            if rows:
+                groups.append(self._group([slots[b] for b in rows], [first[b] for b in rows], [lens[b] for b in rows],
+                                          [starts[b] for b in rows], range_ok=decode))
         x = self._layers(ids, pos, slot_of, groups)
         if not need_logits:
             return None
@@ -575,7 +571,7 @@ class NativeEngine:
         allowed = torch.arange(kv_len)[None, None, :] <= q_pos[:, :, None]
         mask = torch.zeros((B, 1, T, kv_len), dtype=self.dtype).masked_fill(~allowed[:, None], torch.finfo(self.dtype).min)
         mask = mask.repeat(1, 1, self.n_heads // self.n_kv, 1)  # one copy per query head of a key/value group
-        return _AttentionGroup(q_index, mask, kv_slots, slot0, B, kv_len, torch.tensor(src), torch.tensor(dst))
+        return _AttentionGroup(q_index, mask, kv_slots, slot0, torch.tensor(src), torch.tensor(dst))
 
     def _layers(self, ids: torch.Tensor, pos: torch.Tensor, slot_of: torch.Tensor, groups: list[_AttentionGroup]) -> torch.Tensor:
         """The decoder stack over the flat tokens ``ids`` at positions ``pos`` of slots ``slot_of`` (all (N,)).
@@ -588,6 +584,7 @@ class NativeEngine:
         rep = nh // nkv
         cos, sin = self._cos[pos][:, None], self._sin_signed[pos][:, None]  # (N, 1, hd)
         x = self._w.embed[ids].float()  # the residual stream stays fp32, as under the learner's autocast. (N, H)
+        att = torch.zeros((N, nh * hd), dtype=self.dtype)  # every layer rewrites the real tokens' rows; padding stays 0
         for layer, K, V in zip(self._w.layers, self._k, self._v):
             qkv = _linear(self._norm(x, layer["in_norm"]), layer["qkv"], layer["qkv_bias"])
             qk, v = qkv[:, : (nh + nkv) * hd].view(N, nh + nkv, hd), qkv[:, (nh + nkv) * hd :].view(N, nkv, hd)
@@ -597,14 +594,13 @@ class NativeEngine:
             q = qk[:, :nh]
             K[slot_of, :, pos] = qk[:, nh:]
             V[slot_of, :, pos] = v
-            att = torch.zeros((N, nh * hd), dtype=self.dtype)
             for g in groups:
-                if g.kv_slots is None:
-                    rows = slice(g.slot0, g.slot0 + g.rows)
-                    keys, vals = K[rows, :, : g.kv_len], V[rows, :, : g.kv_len]
-                else:  # gather only the columns in use
-                    keys, vals = K[:, :, : g.kv_len].index_select(0, g.kv_slots), V[:, :, : g.kv_len].index_select(0, g.kv_slots)
                 B, T = g.q_index.shape
+                cols = g.mask.shape[-1]
+                if g.kv_slots is None:
+                    keys, vals = K[g.slot0 : g.slot0 + B, :, :cols], V[g.slot0 : g.slot0 + B, :, :cols]
+                else:  # gather only the columns in use
+                    keys, vals = K[:, :, :cols].index_select(0, g.kv_slots), V[:, :, :cols].index_select(0, g.kv_slots)
                 # the query heads sharing a key/value head become one longer query: each key is read once
                 qg = q[g.q_index].view(B, T, nkv, rep, hd).permute(0, 2, 3, 1, 4).reshape(B, nkv, rep * T, hd)
                 o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=g.mask)
