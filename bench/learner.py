@@ -37,7 +37,8 @@ def main() -> int:
     from turnrl.engines import HFEngine, SamplingParams
     from turnrl.engines.native import NativeEngine
     from turnrl.envs import make
-    from turnrl.learner import Learner, build_samples, collate, micro_batches, packed_logprobs, response_logits, shared_prefix_len
+    from turnrl.learner.learner import Learner, packed_logprobs, response_logits
+    from turnrl.learner.samples import build_samples, collate, micro_batches, shared_prefix_len
     from turnrl.models import load_model, load_tokenizer
     from turnrl.rollout import Collector, ContextSpec
 

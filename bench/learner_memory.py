@@ -57,7 +57,7 @@ def synthetic_samples(n: int, seed: int = 0):
 def child(args) -> int:
     import torch
 
-    import turnrl.learner as learner_mod
+    import turnrl.learner.learner as learner_mod
     from turnrl.config import load_config
     from turnrl.learner import Learner
     from turnrl.models import load_model, load_tokenizer

@@ -6,7 +6,7 @@ import pytest
 
 from turnrl.envs import check_env, make
 from turnrl.envs.code import TEMPLATES, CodeEnv, extract_code, grade, make_task
-from turnrl.sandbox import Limits
+from turnrl.envs.sandbox import Limits
 
 
 def test_the_bank_has_many_templates_and_seeds_draw_varied_tasks():
@@ -145,7 +145,7 @@ def test_check_env_and_bad_arguments():
 
 
 def test_playable_by_hand():
-    from turnrl.play import play
+    from turnrl.envs.play import play
 
     env = CodeEnv(templates=["dedupe"])
     env.reset(seed=7)

@@ -7,7 +7,7 @@ import pytest
 
 from turnrl.envs import check_env, make
 from turnrl.envs.countdown import Countdown, check_answer, evaluate
-from turnrl.tools import ToolError
+from turnrl.envs.tools import ToolError
 
 
 def call(name, **arguments):
@@ -92,7 +92,7 @@ def test_examples_are_correct_tool_calls_on_fixed_instances():
 
 
 def test_play_runs_an_episode():
-    from turnrl.play import play
+    from turnrl.envs.play import play
 
     env = make("countdown-v0")
     env.reset(seed=4)

@@ -7,9 +7,10 @@ import random
 import pytest
 import torch
 
-from turnrl import credit, losses
+from turnrl import credit
+from turnrl.learner import losses
 from turnrl.config import Config, ConfigError, load_config
-from turnrl.critic import Critic, ValueBatch
+from turnrl.learner.critic import Critic, ValueBatch
 from turnrl.credit import CreditParams
 from turnrl.learner import Learner, build_samples
 from turnrl.types import Termination, Trajectory, TrajectoryGroup, Turn

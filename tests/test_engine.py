@@ -1,7 +1,7 @@
 import torch
 
 from turnrl.engines import HFEngine, SamplingParams
-from turnrl.prefix import common_prefix_len
+from turnrl.models.prefix import common_prefix_len
 
 
 def _prompts(tokenizer):

@@ -9,7 +9,7 @@ from turnrl.envs import (
     register, registered, registry,
 )
 from turnrl.envs.base import Env
-from turnrl.play import play
+from turnrl.envs.play import play
 
 
 class Counter(Env):

@@ -2,7 +2,7 @@
 
 import torch
 
-from turnrl.learner import build_samples, collate, micro_batches, shared_prefix_len
+from turnrl.learner.samples import build_samples, collate, micro_batches, shared_prefix_len
 from turnrl.types import Termination, TrainSample, Trajectory, Turn
 
 
@@ -28,7 +28,7 @@ def _reference_logprobs(model, s: TrainSample) -> torch.Tensor:
 
 
 def _batched_logprobs(model, samples):
-    from turnrl.learner import packed_logprobs, response_logits
+    from turnrl.learner.learner import packed_logprobs, response_logits
 
     batch = collate(samples, pad_id=0, min_shared_prefix=4)
     lp = packed_logprobs(response_logits(model, batch), batch, 1.0)
@@ -53,7 +53,7 @@ def _multi_turn_samples(n=4, seed=1):
 
 def test_head_runs_only_on_loss_positions_and_matches_full_logits(tiny_model, monkeypatch):
     """Multi-turn rows: the packed head equals the model's own logits, and the fallback path agrees."""
-    import turnrl.learner as learner
+    import turnrl.learner.learner as learner
 
     samples = _multi_turn_samples()
     batch, lps = _batched_logprobs(tiny_model, samples)
@@ -117,7 +117,7 @@ def test_build_samples_masks_only_model_tokens_per_step_and_full():
 
 
 def test_left_padded_keeps_each_suffix_flush_right_and_masks_only_padding():
-    from turnrl.prefix import left_padded
+    from turnrl.models.prefix import left_padded
 
     rows = [[7, 8, 1, 2, 3], [7, 8, 4], [7, 8]]
     ids, att = left_padded(rows, prefix_len=2, pad_id=0)

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from turnrl import losses
-from turnrl.losses import aggregate, entropy_from_logits, kl_penalty, ppo_clip_loss, token_logprobs
+from turnrl.learner import losses
+from turnrl.learner.losses import aggregate, entropy_from_logits, kl_penalty, ppo_clip_loss, token_logprobs
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from turnrl import losses
+from turnrl.learner import losses
 
 
 def test_k3_plus_has_k3_value_and_k2_gradient():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from turnrl.sandbox import UID_BASE, Limits, SandboxUnavailable, run_python
+from turnrl.envs.sandbox import UID_BASE, Limits, SandboxUnavailable, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = Limits(cpu_seconds=1, wall_seconds=3.0)
@@ -47,7 +47,7 @@ def test_bad_code_comes_back_as_a_result():
     assert r.signal == 11 and r.exit_code is None and r.describe() == "killed by signal SIGSEGV"
 
 
-@pytest.mark.parametrize("path", ["/etc/passwd", "/etc/shadow", str(ROOT / "pyproject.toml"), str(ROOT / "src/turnrl/sandbox.py"),
+@pytest.mark.parametrize("path", ["/etc/passwd", "/etc/shadow", str(ROOT / "pyproject.toml"), str(ROOT / "src/turnrl/envs/sandbox.py"),
                                   "/proc/1/environ", "../../etc/passwd"])
 def test_host_files_cannot_be_read(path):
     assert Path("/etc/passwd").exists() and (ROOT / "pyproject.toml").exists()  # they exist on the host

@@ -7,7 +7,7 @@ from typing import Literal, Optional
 import pytest
 
 from turnrl.envs import check_env
-from turnrl.tools import (
+from turnrl.envs.tools import (
     ToolArgumentError, ToolCall, ToolEnv, ToolError, Verdict, make_tool, parse_docstring, parse_tool_calls, tool,
     validate_arguments,
 )

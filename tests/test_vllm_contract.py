@@ -21,7 +21,7 @@ import torch
 
 from turnrl.engines import Engine, HFEngine, SamplingParams
 from turnrl.engines.vllm_engine import VLLMEngine
-from turnrl.prefix import forward
+from turnrl.models.prefix import forward
 
 
 # ---- the fake vllm module ---------------------------------------------------------------------------

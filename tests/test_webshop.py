@@ -171,7 +171,7 @@ def test_check_env_and_bad_arguments():
 
 
 def test_playable_by_hand():
-    from turnrl.play import play
+    from turnrl.envs.play import play
 
     env = WebShop()
     env.reset(seed=9)

@@ -120,7 +120,7 @@ def cmd_play(args) -> int:
 
     from turnrl.config import ConfigError
 
-    from turnrl.play import play
+    from turnrl.envs.play import play
 
     kwargs = {}
     for item in args.kwargs:

@@ -35,7 +35,7 @@ from turnrl import checkpoint, credit
 from turnrl.config import Config, ConfigError
 from turnrl.credit.filters import apply_group_mask, keep_informative_groups, mask_overlong
 from turnrl.credit.rewards import RewardShaper, apply_process_rewards, clip_rewards, load_prm
-from turnrl.critic import Critic, ValueBatch
+from turnrl.learner.critic import Critic, ValueBatch
 from turnrl.engines import Engine, HFEngine, SamplingParams
 from turnrl.envs import make
 from turnrl.learner import Learner, build_samples

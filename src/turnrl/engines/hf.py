@@ -1,7 +1,7 @@
 """The reference engine: batched sampling with a Hugging Face causal LM, in process.
 
 It decodes with a KV cache, computes the prompt prefix that all prompts of a batch share once (see
-:mod:`turnrl.prefix`), drops finished rows from the batch as it goes, and reports the exact behaviour
+:mod:`turnrl.models.prefix`), drops finished rows from the batch as it goes, and reports the exact behaviour
 logprob of every sampled token. It samples from the learner's own module, so ``sync_weights`` only bumps
 the version: no copy, no disk round trip.
 """
@@ -16,7 +16,7 @@ from transformers.cache_utils import DynamicCache
 
 from turnrl.engines.base import Completion, SamplingParams
 from turnrl.engines.sampling import sample
-from turnrl.prefix import bucket_rows, common_prefix_len, forward, left_padded, positions_from_mask, prefix_cache
+from turnrl.models.prefix import bucket_rows, common_prefix_len, forward, left_padded, positions_from_mask, prefix_cache
 
 
 class HFEngine:

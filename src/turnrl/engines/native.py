@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from turnrl.engines.base import Completion, SamplingParams
 from turnrl.engines.sampling import sample
-from turnrl.prefix import bucket_rows, common_prefix_len, round_up
+from turnrl.models.prefix import bucket_rows, common_prefix_len, round_up
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 

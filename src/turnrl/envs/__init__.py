@@ -1,7 +1,7 @@
 """Environments: the contract (``base``), registry (``make``/``register``), ``wrappers``, ``check_env``, built-ins.
 
 Built-in ids (``turnrl envs`` lists them): ``frozenlake-v0``, ``sokoban-v0``, ``code-v0`` (runs code in
-``turnrl.sandbox``) and ``webshop-v0``. Their modules are imported on the first ``make``.
+``turnrl.envs.sandbox``) and ``webshop-v0``. Their modules are imported on the first ``make``.
 Adapter ids (``openenv-v0``, ``textarena-v0``, ``reasoning-gym-v0``, ``gym-*-v0``) wrap other
 standards' envs; see :mod:`turnrl.envs.adapters`.
 """
@@ -88,7 +88,7 @@ register(
     description="WebShop-style shopping: search a seeded 40-product catalogue, pick options, buy; reward as in WebShop",
     max_turns=15,
 )
-# Tool-using envs (turnrl.tools.ToolEnv): actions are <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
+# Tool-using envs (turnrl.envs.tools.ToolEnv): actions are <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
 register(
     "countdown-v0",
     "turnrl.envs.countdown:Countdown",

@@ -5,7 +5,7 @@ clamping a list, a Caesar shift, counting pairs with a target sum, run-length en
 parameters (the bounds, the shift, the target, ...) and seeded test inputs. The observation states the
 function's name, signature and behaviour, with the first ``num_visible`` tests as examples. The model
 answers with the function in a fenced code block (```` ```python ````; the last fenced block of the response
-counts). The submission and a test harness run in :func:`turnrl.sandbox.run_python` (no network, no host
+counts). The submission and a test harness run in :func:`turnrl.envs.sandbox.run_python` (no network, no host
 files, CPU/memory/wall limits); each of the ``num_tests`` hidden tests calls the function on its inputs,
 and the returned value must equal the gold solution's (as JSON; floats within 1e-6).
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnrl.envs.base import Env
-from turnrl.sandbox import Limits, SandboxResult, check_isolation, run_python
+from turnrl.envs.sandbox import Limits, SandboxResult, check_isolation, run_python
 
 _RESULT_MARK = "@@turnrl-result@@"
 # A fence, an optional language tag, then the code: on the next line, or on the same line (```python x = 1```).

@@ -8,7 +8,7 @@ bottom-up with + - * / so that every intermediate value is a positive integer an
     Numbers: 3 8 12 25
     Target: 133
 
-Tools (see :class:`~turnrl.tools.env.ToolEnv` for the call format and error handling):
+Tools (see :class:`~turnrl.envs.tools.env.ToolEnv` for the call format and error handling):
 
 - ``calculate(expression)``: the value of an arithmetic expression (a scratchpad; any numbers allowed);
 - ``answer(expression)``: the final answer; ends the episode.
@@ -29,7 +29,7 @@ import random
 from collections import Counter
 from fractions import Fraction
 
-from turnrl.tools import Tool, ToolCall, ToolEnv, ToolError, Verdict, make_tool
+from turnrl.envs.tools import Tool, ToolCall, ToolEnv, ToolError, Verdict, make_tool
 
 MAX_EXPRESSION_CHARS = 200
 MAX_MAGNITUDE = 10**12
@@ -138,7 +138,7 @@ class Countdown(ToolEnv):
         max_number: numbers are drawn from 1..max_number.
         use: how many of them the constructed solution uses (default: all).
         target_range: (low, high) bounds of the target.
-        max_actions_per_turn, tool_timeout: see :class:`~turnrl.tools.env.ToolEnv`.
+        max_actions_per_turn, tool_timeout: see :class:`~turnrl.envs.tools.env.ToolEnv`.
     """
 
     task_description = (

@@ -12,7 +12,7 @@ Question (seeded), one of three 2-hop templates, each crossing from a person's d
 - "Who founded the organisation that P works for?" (person -> organisation; never asked when P founded it);
 - "Which river flows through the town where P was born?" (person -> town).
 
-Tools (see :class:`~turnrl.tools.env.ToolEnv` for the call format and errors):
+Tools (see :class:`~turnrl.envs.tools.env.ToolEnv` for the call format and errors):
 
 - ``search(query)``: the ``top_k`` documents by BM25 (Robertson et al., k1=1.5, b=0.75, Lucene's
   non-negative idf ``log(1 + (N - df + 0.5) / (df + 0.5))``; tokens are lower-cased ``\\w+`` runs; ties by id),
@@ -37,7 +37,7 @@ import string
 from collections import Counter
 from dataclasses import dataclass
 
-from turnrl.tools import Tool, ToolCall, ToolEnv, ToolError, Verdict, make_tool
+from turnrl.envs.tools import Tool, ToolCall, ToolEnv, ToolError, Verdict, make_tool
 
 _TOKEN = re.compile(r"\w+")
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "tr", "st", "th", "sh", "gl"]
@@ -190,7 +190,7 @@ class SearchQA(ToolEnv):
         num_people, num_orgs, num_towns: corpus size (one document per entity).
         top_k: how many results ``search`` lists.
         em_weight: the reward's weight on exact match; ``1 - em_weight`` goes to token F1.
-        max_actions_per_turn, tool_timeout: see :class:`~turnrl.tools.env.ToolEnv`.
+        max_actions_per_turn, tool_timeout: see :class:`~turnrl.envs.tools.env.ToolEnv`.
     """
 
     task_description = (

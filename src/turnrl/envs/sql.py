@@ -10,7 +10,7 @@ Question (seeded): one of eight templates with seeded parameters and a gold quer
 result is non-empty (filters, counts, sums over a join, a GROUP BY, DISTINCT over two joins, an average,
 a maximum). Observation: the question and the table names.
 
-Tools (see :class:`~turnrl.tools.env.ToolEnv` for the call format and errors):
+Tools (see :class:`~turnrl.envs.tools.env.ToolEnv` for the call format and errors):
 
 - ``list_tables()``; ``describe_table(name)``: its columns, types and three sample rows;
 - ``run_query(sql)``: the result (column names, then at most ``max_rows`` rows, with a note when cut);
@@ -46,7 +46,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from turnrl.tools import Tool, ToolCall, ToolEnv, ToolError, Verdict, make_tool
+from turnrl.envs.tools import Tool, ToolCall, ToolEnv, ToolError, Verdict, make_tool
 
 _ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
 _READ_ONLY_START = re.compile(r"^\s*(select|with)\b", re.IGNORECASE)
@@ -193,7 +193,7 @@ class SQL(ToolEnv):
         max_rows: rows shown by ``run_query``.
         query_timeout: seconds before a query is aborted.
         column_weight: the weight of the ``columns`` partial-credit component (``execution`` gets the rest).
-        max_actions_per_turn, tool_timeout: see :class:`~turnrl.tools.env.ToolEnv`.
+        max_actions_per_turn, tool_timeout: see :class:`~turnrl.envs.tools.env.ToolEnv`.
     """
 
     task_description = (

@@ -6,11 +6,11 @@ A subclass supplies the task and the tools; the base class does the rest:
   tools (one signature line and description each, with argument descriptions) and the call format. SmolLM2's
   chat template has no ``tools=`` support, so the tools live in the system prompt text; :meth:`tool_schemas`
   gives the OpenAI-style schemas for a template that does support them.
-- **Turns.** ``step`` parses up to ``max_actions_per_turn`` calls (:func:`~turnrl.tools.calls.parse_tool_calls`)
+- **Turns.** ``step`` parses up to ``max_actions_per_turn`` calls (:func:`~turnrl.envs.tools.calls.parse_tool_calls`)
   and runs them in order. Each call's result, or its error, comes back in the observation as
   ``<tool_response name="...">...</tool_response>``. Errors are observations, never exceptions: malformed
   JSON, no call at all, an unknown tool (the message names the closest tool), missing/unknown/mistyped
-  arguments, a :class:`~turnrl.tools.schema.ToolError` or any other exception raised by the tool, and a tool
+  arguments, a :class:`~turnrl.envs.tools.schema.ToolError` or any other exception raised by the tool, and a tool
   that outlives its time limit. A turn with any such error has ``info["valid"] = False``; calls that ran
   are still listed in ``info["actions"]`` (as :meth:`ToolCall.signature` strings) and keep their effect.
 - **Ending.** Calling a tool named in ``final_tools`` (e.g. ``answer``) makes the env call
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from turnrl.envs.base import Env
-from turnrl.tools.calls import ToolCall, parse_tool_calls
-from turnrl.tools.schema import Tool, ToolArgumentError, ToolError, make_tool, validate_arguments
+from turnrl.envs.tools.calls import ToolCall, parse_tool_calls
+from turnrl.envs.tools.schema import Tool, ToolArgumentError, ToolError, make_tool, validate_arguments
 
 CALL_FORMAT = (
     'Call a tool by writing <tool_call>{"name": "TOOL", "arguments": {...}}</tool_call>. '

@@ -47,7 +47,7 @@ class ToolArgumentError(ToolError):
 class Tool:
     """A callable tool: the function, its name, its schema, and an optional time limit in seconds.
 
-    ``timeout=None`` uses the env's default (:attr:`turnrl.tools.env.ToolEnv.tool_timeout`).
+    ``timeout=None`` uses the env's default (:attr:`turnrl.envs.tools.env.ToolEnv.tool_timeout`).
     """
 
     fn: Callable[..., Any]

@@ -2,9 +2,9 @@
 :class:`ToolEnv`, the base class of tool-using environments (``env``). Built on it: ``countdown-v0``,
 ``searchqa-v0`` and ``sql-v0`` (see docs/envs.md, "Writing a tool env")."""
 
-from turnrl.tools.calls import ParsedCalls, ToolCall, parse_tool_calls
-from turnrl.tools.env import CALL_FORMAT, ToolEnv, ToolTimeout, Verdict, run_with_timeout
-from turnrl.tools.schema import Tool, ToolArgumentError, ToolError, make_tool, parse_docstring, tool, type_schema, validate_arguments
+from turnrl.envs.tools.calls import ParsedCalls, ToolCall, parse_tool_calls
+from turnrl.envs.tools.env import CALL_FORMAT, ToolEnv, ToolTimeout, Verdict, run_with_timeout
+from turnrl.envs.tools.schema import Tool, ToolArgumentError, ToolError, make_tool, parse_docstring, tool, type_schema, validate_arguments
 
 __all__ = [
     "CALL_FORMAT", "ParsedCalls", "Tool", "ToolArgumentError", "ToolCall", "ToolEnv", "ToolError", "ToolTimeout",

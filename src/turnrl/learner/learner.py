@@ -1,172 +1,31 @@
-"""The learner: trajectories + advantages -> TrainSamples -> micro-batched policy-gradient update.
+"""The learner: TrainSamples -> micro-batched policy-gradient update.
 
-Mechanics kept out of ``train.py``:
-
-- :func:`build_samples` lays out exact token ids with a loss mask on the model's own tokens only;
-- :func:`micro_batches` buckets samples by length under a token budget, so padding stays small;
-- :meth:`Learner.update` runs each micro-batch with the shared prompt prefix computed once
-  (:mod:`turnrl.prefix`), takes logits only at positions that predict a response token, and accumulates
-  gradients with the *global* loss normaliser, so the gradient does not depend on the micro-batch split.
+:meth:`Learner.update` runs each micro-batch (:mod:`turnrl.learner.samples`) with the shared prompt prefix
+computed once (:mod:`turnrl.models.prefix`), takes logits only at positions that predict a response token,
+and accumulates gradients with the *global* loss normaliser, so the gradient does not depend on the
+micro-batch split.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Sequence
 
 import torch
 
-from turnrl import losses
-from turnrl.prefix import additive_mask, bucket_rows, common_prefix_len, forward, left_padded, positions_from_mask, prefix_cache
-from turnrl.types import Termination, TrainSample, Trajectory
-
-T = TypeVar("T")
-
-
-def _spread(a: float | Sequence[float], n: int) -> list[float]:
-    """A turn's advantage over its ``n`` response tokens: a float is repeated, a list is taken per token."""
-    if isinstance(a, (int, float)):
-        return [float(a)] * n
-    if len(a) != n:
-        raise ValueError(f"a token-level advantage list has {len(a)} entries for a {n}-token response")
-    return [float(x) for x in a]
+from turnrl.learner import losses
+from turnrl.learner.samples import Batch, build_samples, collate, micro_batches
+from turnrl.models.prefix import additive_mask, forward, prefix_cache
+from turnrl.types import TrainSample, Trajectory
 
 
-def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float | Sequence[float]]]) -> list[TrainSample]:
-    """One sample per turn (``per_step`` trajectories) or per trajectory (``full``).
-
-    ``advantages[i][j]`` is the advantage of turn ``j`` of ``trajectories[i]``: a float is spread over every
-    token of that turn's response, a list (token-level estimators) gives one value per response token.
-    Trajectories that ended in an env error are not trained on.
-    """
-    samples: list[TrainSample] = []
-    for i, (traj, adv) in enumerate(zip(trajectories, advantages)):
-        if traj.termination == Termination.ENV_ERROR:
-            continue
-        if len(adv) != len(traj.turns):
-            raise ValueError(f"trajectory {i} has {len(traj.turns)} turns but {len(adv)} advantages")
-        if traj.context == "full":
-            ids, mask, lps, advs = [], [], [], []
-            for turn, a in zip(traj.turns, adv):
-                n = len(turn.response_ids)
-                ids += turn.prompt_ids + turn.response_ids
-                mask += [0] * len(turn.prompt_ids) + [1] * n
-                lps += [0.0] * len(turn.prompt_ids) + list(turn.logprobs)
-                advs += [0.0] * len(turn.prompt_ids) + _spread(a, n)
-            if any(mask):
-                samples.append(TrainSample(ids, mask, lps, advs, traj_index=i, turn_index=-1))
-            continue
-        for j, (turn, a) in enumerate(zip(traj.turns, adv)):
-            n, p = len(turn.response_ids), len(turn.prompt_ids)
-            if n == 0:
-                continue
-            samples.append(
-                TrainSample(
-                    input_ids=turn.prompt_ids + turn.response_ids,
-                    loss_mask=[0] * p + [1] * n,
-                    behaviour_logprobs=[0.0] * p + list(turn.logprobs),
-                    advantages=[0.0] * p + _spread(a, n),
-                    traj_index=i,
-                    turn_index=j,
-                )
-            )
-    return samples
-
-
-def micro_batches(samples: Sequence[TrainSample], token_budget: int) -> list[list[TrainSample]]:
-    """Group samples of similar length so ``rows * (longest_row - shared_prefix) <= token_budget``.
-
-    The prompt prefix every sample shares is computed once per micro-batch (see :func:`collate`), so only
-    the rest of each row counts against the budget. A batch always holds at least one row.
-    """
-    shared = shared_prefix_len(samples)
-    return pack_by_length(samples, lambda s: len(s) - shared, token_budget)
-
-
-def pack_by_length(items: Sequence[T], length: Callable[[T], int], token_budget: int) -> list[list[T]]:
-    """Sort ``items`` by ``length`` (stable) and cut them into batches with ``rows * longest <= token_budget``.
-
-    A batch always holds at least one item.
-    """
-    batches: list[list[T]] = []
-    cur: list[T] = []
-    for item in sorted(items, key=length):
-        # items arrive shortest first, so the newcomer is the longest row of the batch
-        if cur and (len(cur) + 1) * length(item) > token_budget:
-            batches.append(cur)
-            cur = []
-        cur.append(item)
-    if cur:
-        batches.append(cur)
-    return batches
-
-
-def shared_prefix_len(samples: Sequence[TrainSample]) -> int:
-    """Prefix shared by every sample, ending one token before the earliest loss-masked token."""
-    if len(samples) < 2:
-        return 0
-    first_loss = min(s.loss_mask.index(1) for s in samples)
-    return common_prefix_len([s.input_ids for s in samples], limit=first_loss - 1)
-
-
-@dataclass
-class _Batch:
-    """A micro-batch laid out as shared prefix + left-padded suffixes. Shapes: (batch, suffix_len)."""
-
-    prefix: list[int]
-    ids: torch.Tensor
-    attention: torch.Tensor  # (batch, prefix_len + suffix_len)
-    positions: torch.Tensor
-    keep: int  # logits are needed only for the last `keep` positions
-    targets: torch.Tensor  # (batch, keep - 1): token predicted at each kept position but the last
-    mask: torch.Tensor
-    old_logprobs: torch.Tensor
-    advantages: torch.Tensor
-
-
-def collate(samples: Sequence[TrainSample], pad_id: int, min_shared_prefix: int = 16) -> _Batch:
-    """Lay out ``samples`` as one shared prefix plus left-padded suffixes.
-
-    Rows and suffix length are rounded up to a few bucket sizes (extra rows copy row 0 with an all-zero
-    loss mask), because CPU kernels are specialised per shape and a new shape costs more than the padding.
-    """
-    first_loss = [s.loss_mask.index(1) for s in samples]
-    # The prefix stops one token before the first response token, so every predicting position is in the suffix.
-    P = shared_prefix_len(samples)
-    if P < min_shared_prefix:
-        P = 0
-    n = len(samples)
-    B = bucket_rows(n)
-    ids, attention = left_padded([(samples[b] if b < n else samples[0]).input_ids for b in range(B)], P, pad_id)
-    keep = max(len(s) - f for s, f in zip(samples, first_loss)) + 1
-    targets = torch.full((B, keep - 1), pad_id, dtype=torch.long)
-    mask = torch.zeros((B, keep - 1))
-    old = torch.zeros((B, keep - 1))
-    adv = torch.zeros((B, keep - 1))
-    tail = keep - 1  # right-aligned: the last `keep-1` tokens of every row are the targets
-    for b in range(B):
-        s = samples[b] if b < n else samples[0]
-        seq = s.input_ids[-tail:]
-        off = tail - len(seq)
-        targets[b, off:] = torch.tensor(seq)
-        if b < n:
-            mask[b, off:] = torch.tensor(s.loss_mask[-tail:], dtype=torch.float)
-            old[b, off:] = torch.tensor(s.behaviour_logprobs[-tail:])
-            adv[b, off:] = torch.tensor(s.advantages[-tail:])
-    positions = positions_from_mask(attention)[:, P:]
-    return _Batch(list(samples[0].input_ids[:P]), ids, attention, positions, keep, targets, mask, old, adv)
-
-
-
-def response_logits(model, batch: _Batch) -> torch.Tensor:
+def response_logits(model, batch: Batch) -> torch.Tensor:
     """Logits at the positions that predict a loss-masked target, packed in row-major order.
 
     Shape: (N, vocab), N = ``int(batch.mask.sum())``; :func:`unpack` puts per-token values back in
     ``batch.mask``'s (batch, keep - 1) layout. The shared prefix runs once and is broadcast
-    (:mod:`turnrl.prefix`), and the LM head (a 49k x 576 matmul per position on the default model) runs
+    (:mod:`turnrl.models.prefix`), and the LM head (a 49k x 576 matmul per position on the default model) runs
     only on these N positions: with ``context: full`` the kept span also holds observation / tool-output
     tokens between turns, and padding. Measured on full-context samples (bench/learner_memory.py): 1.08x
     faster update, 2% less peak memory; activations, not logits, set the memory.
@@ -209,13 +68,13 @@ def unpack(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=values.dtype).masked_scatter(mask > 0, values)
 
 
-def packed_logprobs(logits: torch.Tensor, batch: _Batch, temperature: float) -> torch.Tensor:
+def packed_logprobs(logits: torch.Tensor, batch: Batch, temperature: float) -> torch.Tensor:
     """log pi(target) at every loss token, from :func:`response_logits`'s packed logits. Shape: (batch, keep - 1)."""
     targets = batch.targets[batch.mask > 0]
     return unpack(losses.token_logprobs(logits[None], targets[None], temperature)[0], batch.mask)
 
 
-def packed_entropy(logits: torch.Tensor, batch: _Batch, temperature: float) -> torch.Tensor:
+def packed_entropy(logits: torch.Tensor, batch: Batch, temperature: float) -> torch.Tensor:
     """Entropy of the sampling distribution at every loss token. Shape: (batch, keep - 1)."""
     scaled = logits if temperature == 1.0 else logits / temperature
     return unpack(losses.entropy_from_logits(scaled[None])[0], batch.mask)
@@ -229,7 +88,7 @@ class Learner:
         self.cfg = cfg  # turnrl.config.Config
         self.pad_id = pad_id
         self.ref_model = ref_model
-        self.critic = critic  # turnrl.critic.Critic or None; a value head joins this optimizer
+        self.critic = critic  # turnrl.learner.critic.Critic or None; a value head joins this optimizer
         t = cfg.train
         groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
         groups += critic.joint_param_groups() if critic is not None else []
@@ -245,7 +104,7 @@ class Learner:
     def update(self, samples: Sequence[TrainSample], value_batch=None) -> dict[str, float]:
         """One optimizer step (per PPO epoch) over ``samples``; returns train/* metrics.
 
-        With a critic, ``value_batch`` (a :class:`turnrl.critic.ValueBatch`) adds ``algo.vf_coef`` times the
+        With a critic, ``value_batch`` (a :class:`turnrl.learner.critic.ValueBatch`) adds ``algo.vf_coef`` times the
         clipped value loss to the same step (``head``) or steps the separate value model alongside.
         """
         a = self.cfg.algo

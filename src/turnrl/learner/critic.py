@@ -17,7 +17,7 @@ stands in for the next state: a deviation from textbook bootstrapping that only 
 The value head starts at zero (weights and bias), so the first GAE step sees V = 0 everywhere.
 
 Cost. A micro-batch runs the prompt prefix its sequences share (system prompt, few-shot exchanges) once and
-broadcasts its keys/values (:mod:`turnrl.prefix`), as the learner does. The critic's passes are still
+broadcasts its keys/values (:mod:`turnrl.models.prefix`), as the learner does. The critic's passes are still
 separate from the policy's (a no-grad prediction for GAE, then a forward/backward for the value loss), so
 turn-level PPO's update costs about 2.2x GRPO's on FrozenLake (36 s vs 17 s per step, bench/credit.py,
 2026-12-04; 2.3x before the prefix was shared). Reading the ``head`` values off the policy's own forward
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
-from turnrl import losses
+from turnrl.learner import losses
 from turnrl.credit.base import ValueInputs
-from turnrl.learner import pack_by_length
-from turnrl.prefix import additive_mask, bucket_rows, common_prefix_len, forward, left_padded, positions_from_mask, prefix_cache
+from turnrl.learner.samples import pack_by_length
+from turnrl.models.prefix import additive_mask, bucket_rows, common_prefix_len, forward, left_padded, positions_from_mask, prefix_cache
 from turnrl.types import Termination, Trajectory
 
 

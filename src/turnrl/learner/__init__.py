@@ -1,0 +1,13 @@
+"""The learner: samples laid out from trajectories, the policy loss, the critic, one optimizer step per batch.
+
+- :mod:`~turnrl.learner.samples`: exact-token training samples, micro-batching and the shared-prefix layout;
+- :mod:`~turnrl.learner.losses`: PPO-clip, loss aggregation, KL estimators, entropy;
+- :mod:`~turnrl.learner.learner`: :class:`Learner`, the micro-batched update;
+- :mod:`~turnrl.learner.critic`: :class:`Critic`, a learned V(s) for the GAE estimators.
+"""
+
+from turnrl.learner.critic import Critic, ValueBatch
+from turnrl.learner.learner import Learner
+from turnrl.learner.samples import build_samples, collate, micro_batches
+
+__all__ = ["Critic", "Learner", "ValueBatch", "build_samples", "collate", "micro_batches"]

@@ -1,0 +1,153 @@
+"""Training samples and their batch layout: exact token ids, a loss mask on the model's own tokens.
+
+- :func:`build_samples` lays out one sample per turn (``per_step``) or per trajectory (``full``);
+- :func:`micro_batches` buckets samples by length under a token budget, so padding stays small;
+- :func:`collate` lays a micro-batch out as one shared prompt prefix plus left-padded suffixes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+from turnrl.models.prefix import bucket_rows, common_prefix_len, left_padded, positions_from_mask
+from turnrl.types import Termination, TrainSample, Trajectory
+
+T = TypeVar("T")
+
+
+def _spread(a: float | Sequence[float], n: int) -> list[float]:
+    """A turn's advantage over its ``n`` response tokens: a float is repeated, a list is taken per token."""
+    if isinstance(a, (int, float)):
+        return [float(a)] * n
+    if len(a) != n:
+        raise ValueError(f"a token-level advantage list has {len(a)} entries for a {n}-token response")
+    return [float(x) for x in a]
+
+
+def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float | Sequence[float]]]) -> list[TrainSample]:
+    """One sample per turn (``per_step`` trajectories) or per trajectory (``full``).
+
+    ``advantages[i][j]`` is the advantage of turn ``j`` of ``trajectories[i]``: a float is spread over every
+    token of that turn's response, a list (token-level estimators) gives one value per response token.
+    Trajectories that ended in an env error are not trained on.
+    """
+    samples: list[TrainSample] = []
+    for i, (traj, adv) in enumerate(zip(trajectories, advantages)):
+        if traj.termination == Termination.ENV_ERROR:
+            continue
+        if len(adv) != len(traj.turns):
+            raise ValueError(f"trajectory {i} has {len(traj.turns)} turns but {len(adv)} advantages")
+        if traj.context == "full":
+            ids, mask, lps, advs = [], [], [], []
+            for turn, a in zip(traj.turns, adv):
+                n = len(turn.response_ids)
+                ids += turn.prompt_ids + turn.response_ids
+                mask += [0] * len(turn.prompt_ids) + [1] * n
+                lps += [0.0] * len(turn.prompt_ids) + list(turn.logprobs)
+                advs += [0.0] * len(turn.prompt_ids) + _spread(a, n)
+            if any(mask):
+                samples.append(TrainSample(ids, mask, lps, advs, traj_index=i, turn_index=-1))
+            continue
+        for j, (turn, a) in enumerate(zip(traj.turns, adv)):
+            n, p = len(turn.response_ids), len(turn.prompt_ids)
+            if n == 0:
+                continue
+            samples.append(
+                TrainSample(
+                    input_ids=turn.prompt_ids + turn.response_ids,
+                    loss_mask=[0] * p + [1] * n,
+                    behaviour_logprobs=[0.0] * p + list(turn.logprobs),
+                    advantages=[0.0] * p + _spread(a, n),
+                    traj_index=i,
+                    turn_index=j,
+                )
+            )
+    return samples
+
+
+def micro_batches(samples: Sequence[TrainSample], token_budget: int) -> list[list[TrainSample]]:
+    """Group samples of similar length so ``rows * (longest_row - shared_prefix) <= token_budget``.
+
+    The prompt prefix every sample shares is computed once per micro-batch (see :func:`collate`), so only
+    the rest of each row counts against the budget. A batch always holds at least one row.
+    """
+    shared = shared_prefix_len(samples)
+    return pack_by_length(samples, lambda s: len(s) - shared, token_budget)
+
+
+def pack_by_length(items: Sequence[T], length: Callable[[T], int], token_budget: int) -> list[list[T]]:
+    """Sort ``items`` by ``length`` (stable) and cut them into batches with ``rows * longest <= token_budget``.
+
+    A batch always holds at least one item.
+    """
+    batches: list[list[T]] = []
+    cur: list[T] = []
+    for item in sorted(items, key=length):
+        # items arrive shortest first, so the newcomer is the longest row of the batch
+        if cur and (len(cur) + 1) * length(item) > token_budget:
+            batches.append(cur)
+            cur = []
+        cur.append(item)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def shared_prefix_len(samples: Sequence[TrainSample]) -> int:
+    """Prefix shared by every sample, ending one token before the earliest loss-masked token."""
+    if len(samples) < 2:
+        return 0
+    first_loss = min(s.loss_mask.index(1) for s in samples)
+    return common_prefix_len([s.input_ids for s in samples], limit=first_loss - 1)
+
+
+@dataclass
+class Batch:
+    """A micro-batch laid out as shared prefix + left-padded suffixes. Shapes: (batch, suffix_len)."""
+
+    prefix: list[int]
+    ids: torch.Tensor
+    attention: torch.Tensor  # (batch, prefix_len + suffix_len)
+    positions: torch.Tensor
+    keep: int  # logits are needed only for the last `keep` positions
+    targets: torch.Tensor  # (batch, keep - 1): token predicted at each kept position but the last
+    mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+
+
+def collate(samples: Sequence[TrainSample], pad_id: int, min_shared_prefix: int = 16) -> Batch:
+    """Lay out ``samples`` as one shared prefix plus left-padded suffixes.
+
+    Rows and suffix length are rounded up to a few bucket sizes (extra rows copy row 0 with an all-zero
+    loss mask), because CPU kernels are specialised per shape and a new shape costs more than the padding.
+    """
+    first_loss = [s.loss_mask.index(1) for s in samples]
+    # The prefix stops one token before the first response token, so every predicting position is in the suffix.
+    P = shared_prefix_len(samples)
+    if P < min_shared_prefix:
+        P = 0
+    n = len(samples)
+    B = bucket_rows(n)
+    ids, attention = left_padded([(samples[b] if b < n else samples[0]).input_ids for b in range(B)], P, pad_id)
+    keep = max(len(s) - f for s, f in zip(samples, first_loss)) + 1
+    targets = torch.full((B, keep - 1), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, keep - 1))
+    old = torch.zeros((B, keep - 1))
+    adv = torch.zeros((B, keep - 1))
+    tail = keep - 1  # right-aligned: the last `keep-1` tokens of every row are the targets
+    for b in range(B):
+        s = samples[b] if b < n else samples[0]
+        seq = s.input_ids[-tail:]
+        off = tail - len(seq)
+        targets[b, off:] = torch.tensor(seq)
+        if b < n:
+            mask[b, off:] = torch.tensor(s.loss_mask[-tail:], dtype=torch.float)
+            old[b, off:] = torch.tensor(s.behaviour_logprobs[-tail:])
+            adv[b, off:] = torch.tensor(s.advantages[-tail:])
+    positions = positions_from_mask(attention)[:, P:]
+    return Batch(list(samples[0].input_ids[:P]), ids, attention, positions, keep, targets, mask, old, adv)
