@@ -1,6 +1,9 @@
+import random
+
 import torch
 
-from turnrl.engines import HFEngine, SamplingParams
+from turnrl.engines import Engine, HFEngine, SamplingParams, SessionEngine
+from turnrl.engines.base import SeedStreamState
 from turnrl.models.prefix import common_prefix_len
 
 
@@ -110,3 +113,26 @@ def test_sync_bumps_version_and_state_roundtrip(tokenizer, tiny_model):
     assert [x.token_ids for x in a] == [x.token_ids for x in b]
     engine.sync_weights()
     assert engine.generate(p, SamplingParams(max_new_tokens=1))[0].version == 1
+
+
+def test_session_engines_are_told_apart_by_the_protocol(tokenizer, tiny_model):
+    from turnrl.engines.native import NativeEngine
+
+    native, hf = NativeEngine(tiny_model, tokenizer, dtype="fp32", max_slots=2), HFEngine(tiny_model, tokenizer)
+    assert isinstance(native, SessionEngine) and isinstance(native, Engine)
+    assert isinstance(hf, Engine) and not isinstance(hf, SessionEngine)
+
+
+def test_seed_stream_state_keeps_the_checkpoint_format():
+    class Stream(SeedStreamState):
+        def __init__(self, seed):
+            self.version, self.rng = 0, random.Random(seed)
+
+    a = Stream(1)
+    a.version = 4
+    state = a.state_dict()
+    assert state == {"version": 4, "rng": random.Random(1).getstate()}
+    draws = [a.rng.random() for _ in range(3)]
+    b = Stream(2)
+    b.load_state_dict({"version": 4, "rng": [state["rng"][0], list(state["rng"][1]), state["rng"][2]]})  # as from JSON
+    assert b.version == 4 and [b.rng.random() for _ in range(3)] == draws

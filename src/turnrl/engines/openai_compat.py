@@ -59,7 +59,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
-from turnrl.engines.base import Completion, SamplingParams
+from turnrl.engines.base import Completion, SamplingParams, SeedStreamState
 
 
 class RemoteEngineError(RuntimeError):
@@ -104,7 +104,7 @@ def chatml_messages(text: str) -> list[dict[str, str]]:
     return messages
 
 
-class OpenAICompatEngine:
+class OpenAICompatEngine(SeedStreamState):
     """Engine protocol over ``/v1/completions`` or ``/v1/chat/completions``; see the module docstring.
 
     ``tokenizer`` must be the served model's tokenizer: it decodes prompt ids where the server needs
@@ -196,14 +196,6 @@ class OpenAICompatEngine:
             "can evaluate and collect trajectories but not train. Train with the in-process engine (HFEngine) or "
             "VLLMEngine, which load the learner's weights."
         )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "rng": self.rng.getstate()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.version = int(state["version"])
-        rng = state["rng"]
-        self.rng.setstate((rng[0], tuple(rng[1]), rng[2]))
 
     # ---- one request ------------------------------------------------------------------------
     def _complete(self, prompt: list[int], params: SamplingParams, seed: int) -> Completion:

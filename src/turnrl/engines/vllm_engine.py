@@ -42,7 +42,7 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from turnrl.engines.base import Completion, SamplingParams
+from turnrl.engines.base import Completion, SamplingParams, SeedStreamState
 
 REQUIRED_LOGPROBS_MODE = "processed_logprobs"
 
@@ -65,7 +65,7 @@ def _load_weights_on_worker(worker, weights: list[tuple[str, Any]]) -> int:
     return len(loaded) if loaded is not None else len(weights)
 
 
-class VLLMEngine:
+class VLLMEngine(SeedStreamState):
     """Engine protocol over ``vllm.LLM``; see the module docstring for every mapping.
 
     Pass a built ``llm`` (it must use ``logprobs_mode="processed_logprobs"``), or ``model`` (``"default"``
@@ -133,14 +133,6 @@ class VLLMEngine:
                                "learner updates) or weights= (a callable returning (name, tensor) pairs)")
         self.load_weights(named)
         self.version += 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "rng": self.rng.getstate()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.version = int(state["version"])
-        rng = state["rng"]
-        self.rng.setstate((rng[0], tuple(rng[1]), rng[2]))
 
     # ---- weights and memory -----------------------------------------------------------------
     def load_weights(self, named: list[tuple[str, Any]]) -> None:
