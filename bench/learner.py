@@ -37,10 +37,11 @@ def main() -> int:
     from turnrl.engines import HFEngine, SamplingParams
     from turnrl.engines.native import NativeEngine
     from turnrl.envs import make
-    from turnrl.learner.learner import Learner, packed_logprobs, response_logits
+    from turnrl.learner.learner import Learner, LearnerParams, packed_logprobs, response_logits
     from turnrl.learner.samples import build_samples, collate, micro_batches, shared_prefix_len
     from turnrl.models import load_model, load_tokenizer
-    from turnrl.rollout import Collector, ContextSpec
+    from turnrl.agent import ContextSpec
+    from turnrl.rollout import Collector
 
     torch.set_num_threads(len(__import__("os").sched_getaffinity(0)))
     cfg = load_config(ROOT / "configs" / "default.yaml")
@@ -63,7 +64,7 @@ def main() -> int:
         c = cfg.model_copy(deep=True)
         c.model.autocast_bf16 = bf16
         model = copy.deepcopy(base)
-        learner = Learner(model, c, pad_id=tok.pad_token_id)
+        learner = Learner(model, LearnerParams.from_config(c), pad_id=tok.pad_token_id)
         learner.update(samples)  # warm-up
         t = time.perf_counter()
         for _ in range(args.updates):

@@ -59,7 +59,7 @@ def child(args) -> int:
 
     import turnrl.learner.learner as learner_mod
     from turnrl.config import load_config
-    from turnrl.learner import Learner
+    from turnrl.learner import Learner, LearnerParams
     from turnrl.models import load_model, load_tokenizer
 
     loss_only, mbt = VARIANTS[args.variant]
@@ -69,7 +69,7 @@ def child(args) -> int:
     cfg = load_config(ROOT / "configs" / "countdown.yaml", [f"train.micro_batch_tokens={mbt}"])
     tok = load_tokenizer("default")
     model = load_model("default")
-    learner = Learner(model, cfg, pad_id=tok.pad_token_id)
+    learner = Learner(model, LearnerParams.from_config(cfg), pad_id=tok.pad_token_id)
     samples = synthetic_samples(args.samples)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     learner.update(samples)  # warm-up

@@ -42,25 +42,25 @@ def _approx(xs, rel=1e-5, abs_=1e-6):
 def test_grpo_normalised_hand_values():
     adv = credit.grpo([_group([0, 1, 2, 5])], GRPO)
     expected = [-0.9258200997725514, -0.4629100498862757, 0.0, 1.3887301496588271]  # dev / sqrt(14/3)
-    assert [a[0] for a in adv] == _approx(expected)
+    assert [a[0] for a in adv.turns] == _approx(expected)
 
 
 def test_grpo_two_copies_uses_sample_std():
     # {0, 1}: mean 0.5, sample std sqrt(0.5) = 0.70710678 -> A = -/+0.5 / 0.70710678 = -/+0.70710678
     adv = credit.grpo([_group([0, 1])], GRPO)
-    assert [a[0] for a in adv] == _approx([-0.7071067811865475, 0.7071067811865475])
+    assert [a[0] for a in adv.turns] == _approx([-0.7071067811865475, 0.7071067811865475])
 
 
 def test_dr_grpo_is_centred_only():
     adv = credit.grpo([_group([0, 1, 2, 5])], DR_GRPO)
-    assert [a[0] for a in adv] == _approx([-2.0, -1.0, 0.0, 3.0])
+    assert [a[0] for a in adv.turns] == _approx([-2.0, -1.0, 0.0, 3.0])
 
 
 def test_rloo_hand_values():
     # R_i - mean of the other three: 0 - 8/3, 1 - 7/3, 2 - 2, 5 - 1
     adv = credit.rloo([_group([0, 1, 2, 5])], GRPO)
-    assert [a[0] for a in adv] == _approx([-8 / 3, -4 / 3, 0.0, 4.0])
-    adv2 = credit.rloo([_group([0, 1])], GRPO)
+    assert [a[0] for a in adv.turns] == _approx([-8 / 3, -4 / 3, 0.0, 4.0])
+    adv2 = credit.rloo([_group([0, 1])], GRPO).turns
     assert [a[0] for a in adv2] == _approx([-1.0, 1.0])
 
 
@@ -68,7 +68,7 @@ def test_every_turn_gets_the_trajectory_advantage_and_order_is_flattened():
     g1 = TrajectoryGroup("e", 0, [_traj([0.0, 0.0, 1.0]), _traj([0.0])])  # rewards 1, 0
     g2 = TrajectoryGroup("e", 1, [_traj([]), _traj([2.0, 2.0])])  # rewards 0, 4 (empty trajectory)
     adv = credit.grpo([g1, g2], DR_GRPO)
-    assert adv == [[0.5, 0.5, 0.5], [-0.5], [], [2.0, 2.0]]
+    assert adv.turns == [[0.5, 0.5, 0.5], [-0.5], [], [2.0, 2.0]]
     assert episode_rewards([g1, g2]) == [[1.0, 0.0], [0.0, 4.0]]
 
 
@@ -78,14 +78,14 @@ def test_singleton_and_zero_variance_groups_are_exactly_zero(name, params):
     est = get_estimator(name)
     groups = [_group([3.0], turns=2), _group([0.1, 0.1, 0.1], turns=2), _group([0.0, 1.0])]
     adv = est(groups, params)
-    assert adv[0] == [0.0, 0.0]
-    assert adv[1:4] == [[0.0, 0.0]] * 3  # exact zeros (0.1 * 3 / 3 != 0.1 in floats)
-    assert adv[4][0] < 0 < adv[5][0]
+    assert adv.turns[0] == [0.0, 0.0]
+    assert adv.turns[1:4] == [[0.0, 0.0]] * 3  # exact zeros (0.1 * 3 / 3 != 0.1 in floats)
+    assert adv.turns[4][0] < 0 < adv.turns[5][0]
 
 
 def test_empty_batch():
     for name in available_estimators():
-        assert get_estimator(name)([], GRPO) == []
+        assert get_estimator(name)([], GRPO).turns == []
 
 
 def test_non_finite_reward_is_an_error():
@@ -137,7 +137,7 @@ def test_vectorised_matches_loop(params):
     for _ in range(20):
         groups = _random_groups(rng)
         for fn, ref in ((credit.grpo, _loop_grpo), (credit.rloo, _loop_rloo)):
-            got, want = fn(groups, params), ref(groups, params)
+            got, want = fn(groups, params).turns, ref(groups, params)
             assert [len(a) for a in got] == [len(a) for a in want]
             for a, b in zip(got, want):
                 assert a == _approx(b, rel=1e-9, abs_=1e-12)
@@ -146,7 +146,7 @@ def test_vectorised_matches_loop(params):
 def test_rloo_equals_scaled_dr_grpo():
     rng = random.Random(1)
     groups = [g for g in _random_groups(rng, 12) if len(g.trajectories) > 1]
-    r, d = credit.rloo(groups, GRPO), credit.grpo(groups, DR_GRPO)
+    r, d = credit.rloo(groups, GRPO).turns, credit.grpo(groups, DR_GRPO).turns
     ks = [len(g.trajectories) for g in groups for _ in g.trajectories]
     for k, a, b in zip(ks, r, d):
         assert a == _approx([k / (k - 1) * x for x in b], rel=1e-9, abs_=1e-12)
@@ -158,11 +158,11 @@ def test_permuting_groups_and_trajectories_permutes_the_output(name):
     rng = random.Random(2)
     params = CreditParams(gamma=0.9)
     groups = _random_groups(rng, 8)
-    base = {id(t): a for t, a in zip([t for g in groups for t in g.trajectories], est(groups, params))}
+    base = {id(t): a for t, a in zip([t for g in groups for t in g.trajectories], est(groups, params).turns)}
     for _ in range(5):
         shuffled = [TrajectoryGroup(g.env_id, g.seed, rng.sample(g.trajectories, len(g.trajectories))) for g in groups]
         rng.shuffle(shuffled)
-        out = est(shuffled, params)
+        out = est(shuffled, params).turns
         flat = [t for g in shuffled for t in g.trajectories]
         assert len(out) == len(flat)
         for t, a in zip(flat, out):
@@ -183,16 +183,16 @@ def test_grpo_turn_hand_values():
     # pool [0.5, 1, 0, 0, 0]: mean 0.3, deviations [0.2, 0.7, -0.3 x3], sum sq 0.8, sample var 0.2, std 0.4472136
     g = TrajectoryGroup("e", 0, [_traj([0.0, 1.0]), _traj([0.0, 0.0, 0.0])])
     adv = credit.grpo_turn([g], CreditParams(gamma=0.5))
-    assert adv[0] == _approx([0.4472135955, 1.5652475842])
-    assert adv[1] == _approx([-0.6708203932] * 3)
+    assert adv.turns[0] == _approx([0.4472135955, 1.5652475842])
+    assert adv.turns[1] == _approx([-0.6708203932] * 3)
     adv = credit.grpo_turn([g], CreditParams(gamma=0.5, norm_std=False))
-    assert adv[0] == _approx([0.2, 0.7]) and adv[1] == _approx([-0.3] * 3)
+    assert adv.turns[0] == _approx([0.2, 0.7]) and adv.turns[1] == _approx([-0.3] * 3)
 
 
 def test_grpo_turn_equals_dr_grpo_for_outcome_rewards_of_equal_length():
     rng = random.Random(3)
     groups = [_group([rng.choice([0.0, 1.0, 0.5]) for _ in range(rng.randint(1, 5))], turns=3, seed=i) for i in range(6)]
-    a, b = credit.grpo_turn(groups, DR_GRPO), credit.grpo(groups, DR_GRPO)
+    a, b = credit.grpo_turn(groups, DR_GRPO).turns, credit.grpo(groups, DR_GRPO).turns
     for x, y in zip(a, b):
         assert x == _approx(y, rel=1e-12, abs_=1e-12)
 

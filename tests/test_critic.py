@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 import torch
 
 from turnrl import credit
-from turnrl.learner import losses
 from turnrl.config import Config, ConfigError, load_config
-from turnrl.learner.critic import Critic, ValueBatch
 from turnrl.credit import CreditParams
-from turnrl.learner import Learner, build_samples
+from turnrl.learner import Critic, CriticParams, Learner, LearnerParams, ValueBatch, build_samples, losses
 from turnrl.types import Termination, Trajectory, TrajectoryGroup, Turn
 
 
@@ -62,7 +61,7 @@ def test_clipped_value_loss_gradient_is_zero_where_the_clip_is_active():
 def test_head_leaves_policy_outputs_unchanged_and_reads_the_position_before_each_token(tiny_model, tokenizer):
     ids = torch.tensor([[1, 2, 3, 40, 41]])
     before = tiny_model(input_ids=ids).logits.detach().clone()
-    critic = Critic(tiny_model, "head", lr=1e-3, value_clip=0.2, grad_clip=1.0, pad_id=tokenizer.pad_token_id)
+    critic = Critic(tiny_model, CriticParams("head", lr=1e-3, value_clip=0.2, grad_clip=1.0), tokenizer.pad_token_id)
     torch.nn.init.normal_(critic.head.weight)
     assert torch.equal(tiny_model(input_ids=ids).logits, before)
     traj = Trajectory("e", 0, [Turn([1, 2, 3], [40, 41], [-1.0, -1.0], "o", "r")], termination=Termination.TRUNCATED_TURNS)
@@ -75,7 +74,7 @@ def test_head_leaves_policy_outputs_unchanged_and_reads_the_position_before_each
 
 
 def test_per_step_and_full_layouts_give_the_same_values_for_the_same_tokens(tiny_model, tokenizer):
-    critic = Critic(tiny_model, "head", lr=1e-3, value_clip=0.2, grad_clip=1.0, pad_id=tokenizer.pad_token_id)
+    critic = Critic(tiny_model, CriticParams("head", lr=1e-3, value_clip=0.2, grad_clip=1.0), tokenizer.pad_token_id)
     torch.nn.init.normal_(critic.head.weight)
     turns = [Turn([1, 2], [30, 31], [-1.0] * 2, "o", "r"), Turn([5], [32], [-1.0], "o", "r")]
     full = Trajectory("e", 0, turns, context="full")
@@ -98,8 +97,9 @@ def test_shared_prefix_pass_gives_the_values_and_gradients_of_full_sequences(tin
         turns = [Turn(system + [rng.randint(10, 500) for _ in range(2 + i % 3)], [rng.randint(10, 500) for _ in range(1 + t)],
                       [-1.0] * (1 + t), "o", "r", reward=float(t)) for t in range(2)]
         trajs.append(Trajectory("e", 0, turns, termination=Termination.TRUNCATED_TURNS))
-    kw = dict(lr=1e-3, value_clip=0.2, grad_clip=1.0, pad_id=tokenizer.pad_token_id)
-    shared, plain = Critic(tiny_model, mode, **kw), Critic(tiny_model, mode, min_shared_prefix=10**9, **kw)
+    params = CriticParams(mode, lr=1e-3, value_clip=0.2, grad_clip=1.0)
+    shared = Critic(tiny_model, params, tokenizer.pad_token_id)
+    plain = Critic(tiny_model, dataclasses.replace(params, min_shared_prefix=10**9), tokenizer.pad_token_id)
     torch.nn.init.normal_(shared.head.weight)
     plain.head.load_state_dict(shared.head.state_dict())
     if mode == "separate":
@@ -134,9 +134,8 @@ def test_value_loss_goes_down_on_a_fixed_batch(tiny_model, tokenizer, mode):
     """PPO smoke run: a few updates on one batch; the value error falls and the policy still trains."""
     torch.manual_seed(0)
     cfg = _cfg(critic=mode, value_clip=1.0, critic_lr=1e-2 if mode == "head" else 3e-3)
-    critic = Critic(tiny_model, mode, lr=cfg.algo.critic_lr, value_clip=cfg.algo.value_clip, grad_clip=1.0,
-                    pad_id=tokenizer.pad_token_id)
-    learner = Learner(tiny_model, cfg, pad_id=tokenizer.pad_token_id, critic=critic)
+    critic = Critic(tiny_model, CriticParams.from_config(cfg), tokenizer.pad_token_id)
+    learner = Learner(tiny_model, LearnerParams.from_config(cfg), pad_id=tokenizer.pad_token_id, critic=critic)
     groups = _batch()[1:]  # one group: a truncated, a terminated and a full-context trajectory
     trajs = [t for g in groups for t in g.trajectories]
     est = credit.get_estimator(cfg.algo.estimator)
@@ -156,7 +155,7 @@ def test_value_loss_goes_down_on_a_fixed_batch(tiny_model, tokenizer, mode):
     assert m["train/value_loss"] > 0 and not torch.equal(head_before, critic.head.weight)
     state = learner.state_dict()
     assert state["critic"]["mode"] == mode
-    other = Critic(tiny_model, mode, lr=1e-3, value_clip=0.2, grad_clip=1.0, pad_id=tokenizer.pad_token_id)
+    other = Critic(tiny_model, CriticParams(mode, lr=1e-3, value_clip=0.2, grad_clip=1.0), tokenizer.pad_token_id)
     other.load_state_dict(state["critic"])
     assert torch.equal(other.head.weight, critic.head.weight)
 

@@ -1,7 +1,7 @@
 import pytest
 
 from turnrl.credit.filters import apply_group_mask, keep_informative_groups, mask_overlong
-from turnrl.types import Trajectory, TrajectoryGroup, Turn
+from turnrl.types import Advantages, Trajectory, TrajectoryGroup, Turn
 
 
 def _group(rewards, finish=None):
@@ -20,10 +20,12 @@ def test_keeps_the_groups_with_the_largest_spread_and_never_a_constant_one():
 
 def test_apply_group_mask_zeroes_whole_groups_in_flattened_order():
     groups = [_group([0, 1]), _group([1, 1])]
-    adv = [[0.5], [-0.5], [0.2], [0.3]]
-    assert apply_group_mask(groups, adv, [False, True]) == [[0.0], [0.0], [0.2], [0.3]]
+    adv = Advantages([[0.5], [-0.5], [0.2], [0.3]])
+    assert apply_group_mask(groups, adv, [False, True]).turns == [[0.0], [0.0], [0.2], [0.3]]
+    tokens = Advantages.per_token([[[0.5]], [[-0.5]], [[0.2]], [[0.3]]])
+    assert apply_group_mask(groups, tokens, [False, True]).tokens == [[[0.0]], [[0.0]], [[0.2]], [[0.3]]]
 
 
 def test_mask_overlong_zeroes_only_cut_turns():
     groups = [_group([1.0, 0.0], finish="length"), _group([1.0, 0.0])]
-    assert mask_overlong(groups, [[1.0], [-1.0], [1.0], [-1.0]]) == [[0.0], [0.0], [1.0], [-1.0]]
+    assert mask_overlong(groups, Advantages([[1.0], [-1.0], [1.0], [-1.0]])).turns == [[0.0], [0.0], [1.0], [-1.0]]

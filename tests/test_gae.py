@@ -11,7 +11,7 @@ from turnrl import credit
 from turnrl.credit import CreditParams, ValueInputs
 from turnrl.credit.gae import gae, gae_loop
 from turnrl.learner import build_samples
-from turnrl.types import Termination, Trajectory, TrajectoryGroup, Turn
+from turnrl.types import Advantages, Termination, Trajectory, TrajectoryGroup, Turn
 
 
 def _turn(reward: float, n_tokens: int = 1) -> Turn:
@@ -68,11 +68,11 @@ def test_truncation_bootstraps_and_termination_does_not(name):
     adv_term = est([TrajectoryGroup("e", 0, [_traj([0.0, 1.0])])], _params(values, boot, gamma=1.0, lam=1.0))
     adv_trunc = est([TrajectoryGroup("e", 0, [_traj([0.0, 1.0], termination=Termination.TRUNCATED_TURNS)])],
                     _params(values, boot, gamma=1.0, lam=1.0))
-    first = lambda a: a if isinstance(a, float) else a[0]  # noqa: E731
-    assert first(adv_term[0][1]) == pytest.approx(1.0 - 0.4)  # terminal: no future value
-    assert first(adv_trunc[0][1]) == pytest.approx(1.0 + 10.0 - 0.4)  # truncated: bootstraps from V(next)
+    first = lambda adv, turn: adv.token_values(0, turn, 1)[0]  # noqa: E731 - every response here is one token
+    assert first(adv_term, 1) == pytest.approx(1.0 - 0.4)  # terminal: no future value
+    assert first(adv_trunc, 1) == pytest.approx(1.0 + 10.0 - 0.4)  # truncated: bootstraps from V(next)
     # the bootstrap flows back to turn 0 through GAE, except in bi-level where turn 0 ends at V_turn(1)
-    assert first(adv_trunc[0][0]) - first(adv_term[0][0]) == pytest.approx(0.0 if name == "ppo_bilevel" else 10.0)
+    assert first(adv_trunc, 0) - first(adv_term, 0) == pytest.approx(0.0 if name == "ppo_bilevel" else 10.0)
 
 
 # ------------------------------------------------------------------ the three layouts, by hand
@@ -84,7 +84,8 @@ def test_token_level_reward_on_last_token_across_turns():
     vals = [[[0.0, 0.0], [0.0]]]
     adv = credit.ppo_token([TrajectoryGroup("e", 0, [traj])], _params(vals, [0.0], gamma_token=0.5, lam=1.0))
     # tokens: r = [0, 1, 2]; returns: [0 + .5*(1 + .5*2), 1 + .5*2, 2] = [1, 2, 2]
-    assert adv == [[pytest.approx([1.0, 2.0]), pytest.approx([2.0])]]
+    assert adv.tokens == [[pytest.approx([1.0, 2.0]), pytest.approx([2.0])]]
+    assert adv.turns == [[pytest.approx(1.5), pytest.approx(2.0)]]  # the per-turn summary is the mean
 
 
 def test_turn_level_uses_turn_discount_and_first_token_values():
@@ -92,7 +93,7 @@ def test_turn_level_uses_turn_discount_and_first_token_values():
     vals = [[[0.5, 99.0], [0.25, 99.0, 99.0]]]  # only each turn's first value is read
     adv = credit.ppo_turn([TrajectoryGroup("e", 0, [traj])], _params(vals, [0.0], gamma=0.5, lam=1.0))
     # G = [0.5 * 1, 1]; A = G - V_turn
-    assert adv == [[pytest.approx(0.5 - 0.5), pytest.approx(1.0 - 0.25)]]
+    assert adv.tokens is None and adv.turns == [[pytest.approx(0.5 - 0.5), pytest.approx(1.0 - 0.25)]]
     targets, mask = credit.ppo_turn.value_targets([TrajectoryGroup("e", 0, [traj])], _params(vals, [0.0], gamma=0.5, lam=1.0))
     assert mask == [[[1, 0], [1, 0, 0]]]
     assert targets[0][0][0] == pytest.approx(0.5) and targets[0][1][0] == pytest.approx(1.0)
@@ -104,8 +105,8 @@ def test_bilevel_turn_target_ends_each_turn():
     vals = [[[0.1, 0.2], [0.8]]]
     adv = credit.ppo_bilevel([TrajectoryGroup("e", 0, [traj])], _params(vals, [0.0], gamma=0.5, gamma_token=1.0, lam=1.0))
     # turn 0 target = 0 + 0.5 * V_turn(1) = 0.4, spread back without discount: A = 0.4 - V
-    assert adv[0][0] == pytest.approx([0.4 - 0.1, 0.4 - 0.2])
-    assert adv[0][1] == pytest.approx([1.0 - 0.8])  # last turn of a terminated episode: r only
+    assert adv.tokens[0][0] == pytest.approx([0.4 - 0.1, 0.4 - 0.2])
+    assert adv.tokens[0][1] == pytest.approx([1.0 - 0.8])  # last turn of a terminated episode: r only
 
 
 def test_whitening_gives_zero_mean_unit_std_over_tokens():
@@ -113,7 +114,8 @@ def test_whitening_gives_zero_mean_unit_std_over_tokens():
     trajs = [_traj([rng.random() for _ in range(3)], lengths=[2, 1, 3]) for _ in range(4)]
     vals = [[[rng.random() for _ in range(n)] for n in (2, 1, 3)] for _ in trajs]
     adv = credit.ppo_token([TrajectoryGroup("e", 0, trajs)], _params(vals, [0.0] * 4, whiten=True))
-    flat = np.array([x for t in adv for turn in t for x in turn])
+    flat = np.array(adv.values())
+    assert flat.size == 4 * 6  # one value per response token
     assert abs(flat.mean()) < 1e-9 and flat.std() == pytest.approx(1.0, abs=1e-5)
 
 
@@ -124,10 +126,10 @@ def test_missing_values_is_an_error_naming_the_fix():
 
 def test_token_advantages_reach_the_samples():
     traj = _traj([1.0], lengths=[3])
-    samples = build_samples([traj], [[[0.1, 0.2, 0.3]]])
+    samples = build_samples([traj], Advantages.per_token([[[0.1, 0.2, 0.3]]]))
     assert samples[0].advantages == [0.0, 0.0, 0.1, 0.2, 0.3]
     with pytest.raises(ValueError, match="3-token response"):
-        build_samples([traj], [[[0.1, 0.2]]])
+        build_samples([traj], Advantages.per_token([[[0.1, 0.2]]]))
 
 
 # ------------------------------------------------------------------ GiGPO similarity threshold (algo.gigpo_similarity)
@@ -143,8 +145,8 @@ def test_gigpo_similar_anchors_share_a_step_group():
     a, b = "SFFF/FHFH/FFFH/HFFG@1,2", "SFFF/FHFH/FFFH/HFFG@1,3"
     assert anchor_similarity(a, b) == pytest.approx(44 / 46)
     group = TrajectoryGroup("e", 0, [traj([a, "x"], [0.0, 1.0]), traj([b, "y"], [0.0, 0.0])])
-    exact = credit.gigpo([group], CreditParams(norm_std=False, gamma=1.0, similarity=1.0))
-    near = credit.gigpo([group], CreditParams(norm_std=False, gamma=1.0, similarity=0.9))
+    exact = credit.gigpo([group], CreditParams(norm_std=False, gamma=1.0, similarity=1.0)).turns
+    near = credit.gigpo([group], CreditParams(norm_std=False, gamma=1.0, similarity=0.9)).turns
     assert exact == [[0.5, 0.5], [-0.5, -0.5]]  # no shared anchor: episode term only
     assert near == [[1.0, 0.5], [-1.0, -0.5]]  # a ~ b: their returns 1 vs 0 give +-0.5 on the first turn
     assert anchor_clusters([a, b, "zzz", a], 0.9) == [0, 0, 1, 0]

@@ -21,27 +21,27 @@ gigpo = get_estimator("gigpo")
 
 def test_mean_only_hand_values():
     # episode: R = [1, 0] -> +-0.5; step: only s0 is shared, returns 1 vs 0 -> +-0.5; s1, s2 singletons -> 0
-    adv = gigpo([_group()], CreditParams(norm_std=False, gamma=1.0, step_weight=1.0))
+    adv = gigpo([_group()], CreditParams(norm_std=False, gamma=1.0, step_weight=1.0)).turns
     assert adv == [[1.0, 0.5], [-1.0, -0.5]]
 
 
 def test_std_normalised_hand_values():
-    adv = gigpo([_group()], CreditParams(norm_std=True, gamma=1.0, step_weight=1.0, eps=0.0))
+    adv = gigpo([_group()], CreditParams(norm_std=True, gamma=1.0, step_weight=1.0, eps=0.0)).turns
     r = 2 ** -0.5  # (1 - 0.5) / sample std of [1, 0]
     assert adv[0] == pytest.approx([2 * r, r]) and adv[1] == pytest.approx([-2 * r, -r])
 
 
 def test_discount_and_weight():
     # gamma = 0.5: A's return at s0 is 0.5 -> step advantages +-0.25, weighted by w = 2 -> +-0.5
-    adv = gigpo([_group()], CreditParams(norm_std=False, gamma=0.5, step_weight=2.0))
+    adv = gigpo([_group()], CreditParams(norm_std=False, gamma=0.5, step_weight=2.0)).turns
     assert adv == [[1.0, 0.5], [-1.0, -0.5]]
-    adv = gigpo([_group()], CreditParams(norm_std=False, gamma=0.5, step_weight=0.0))
+    adv = gigpo([_group()], CreditParams(norm_std=False, gamma=0.5, step_weight=0.0)).turns
     assert adv == [[0.5, 0.5], [-0.5, -0.5]]  # w = 0 is GRPO (Dr.GRPO here)
 
 
 def test_anchors_do_not_cross_groups_and_missing_anchors_get_no_step_term():
     other = TrajectoryGroup("e", 1, [_traj(["s0", None], [5.0, 0.0]), _traj(["s0", None], [5.0, 0.0])])
-    adv = gigpo([_group(), other], CreditParams(norm_std=False))
+    adv = gigpo([_group(), other], CreditParams(norm_std=False)).turns
     assert adv[:2] == [[1.0, 0.5], [-1.0, -0.5]]  # the other group's s0 is a different task's state
     assert adv[2:] == [[0.0, 0.0], [0.0, 0.0]]
 
@@ -49,6 +49,6 @@ def test_anchors_do_not_cross_groups_and_missing_anchors_get_no_step_term():
 def test_repeated_state_within_one_trajectory_is_grouped():
     # C stays on s0 twice (a wall bump) before succeeding; D leaves s0 and fails
     g = TrajectoryGroup("e", 0, [_traj(["s0", "s0"], [0.0, 1.0]), _traj(["s0", "s3"], [0.0, 0.0])])
-    adv = gigpo([g], CreditParams(norm_std=False, gamma=1.0, step_weight=1.0))
+    adv = gigpo([g], CreditParams(norm_std=False, gamma=1.0, step_weight=1.0)).turns
     # s0 returns: C0 = 1, C1 = 1, D0 = 0 -> mean 2/3
     assert adv[0] == pytest.approx([0.5 + 1 / 3, 0.5 + 1 / 3]) and adv[1] == pytest.approx([-0.5 - 2 / 3, -0.5])

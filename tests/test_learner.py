@@ -3,7 +3,7 @@
 import torch
 
 from turnrl.learner.samples import build_samples, collate, micro_batches, shared_prefix_len
-from turnrl.types import Termination, TrainSample, Trajectory, Turn
+from turnrl.types import Advantages, Termination, TrainSample, Trajectory, Turn
 
 
 def _samples(n=5, prefix_len=20, seed=0):
@@ -108,7 +108,7 @@ def test_build_samples_masks_only_model_tokens_per_step_and_full():
     per_step = Trajectory("e", 0, [_turn([1, 2, 3], [7, 8]), _turn([1, 2, 4], [9])], Termination.TERMINATED, context="per_step")
     full = Trajectory("e", 0, [_turn([1, 2, 3], [7, 8, 2]), _turn([5, 6], [9, 2])], Termination.TERMINATED, context="full")
     broken = Trajectory("e", 0, [_turn([1], [3])], Termination.ENV_ERROR)
-    s = build_samples([per_step, full, broken], [[0.5, -1.0], [2.0, 2.0], [1.0]])
+    s = build_samples([per_step, full, broken], Advantages([[0.5, -1.0], [2.0, 2.0], [1.0]]))
     assert [x.input_ids for x in s] == [[1, 2, 3, 7, 8], [1, 2, 4, 9], [1, 2, 3, 7, 8, 2, 5, 6, 9, 2]]
     assert s[0].loss_mask == [0, 0, 0, 1, 1] and s[0].advantages == [0, 0, 0, 0.5, 0.5]
     assert s[2].loss_mask == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]

@@ -17,7 +17,7 @@ def _group(rewards, seed=0):
 
 def test_baseline_is_greedy_reward_per_group():
     adv = credit.remax([_group([1.0, 0.0]), _group([0.5])], CreditParams(baseline_rewards=(0.25, 1.0)))
-    assert adv == [[0.75, 0.75], [-0.25, -0.25], [-0.5, -0.5]]
+    assert adv.turns == [[0.75, 0.75], [-0.25, -0.25], [-0.5, -0.5]]
 
 
 def test_needs_the_greedy_baseline():

@@ -5,8 +5,9 @@ import pytest
 from turnrl.engines import HFEngine, SamplingParams
 from turnrl.envs.base import Env
 from turnrl.learner import build_samples
-from turnrl.rollout import Collector, ContextSpec
-from turnrl.types import Termination
+from turnrl.agent import ContextSpec
+from turnrl.rollout import Collector
+from turnrl.types import Advantages, Termination
 
 
 class CountEnv(Env):
@@ -54,7 +55,7 @@ def test_samples_are_exactly_what_the_engine_conditioned_on(tokenizer, tiny_mode
     groups = col.collect([7, 8], group_size=2, sampling=SamplingParams(max_new_tokens=4, temperature=1.0))
     trajs = [t for g in groups for t in g.trajectories]
     assert all(t.termination == Termination.TERMINATED and t.success and t.num_turns == 3 for t in trajs)
-    samples = build_samples(trajs, [[1.0] * t.num_turns for t in trajs])
+    samples = build_samples(trajs, Advantages([[1.0] * t.num_turns for t in trajs]))
     seen = {tuple(p + r) for p, r in engine.seen}
     for s in samples:
         # every masked-in run of tokens is a response the engine produced right after exactly the ids before it,

@@ -8,11 +8,13 @@ Terms follow DESIGN.md:
 - the **outcome reward** is what the env's verifier pays at the end; **step rewards** are paid per
   turn; format / invalid-action penalties are separate named components;
 - a **group** is copies of one task (same seed) rolled out under the same policy;
-- **behaviour logprobs** are the logprobs the engine sampled with.
+- **behaviour logprobs** are the logprobs the engine sampled with;
+- **advantages** are an estimator's credit for a batch (:class:`Advantages`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -121,3 +123,54 @@ class TrainSample:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+
+@dataclass(frozen=True)
+class Advantages:
+    """An estimator's credit for a batch, in flattened group order ``[t for g in groups for t in g.trajectories]``.
+
+    ``turns[i][j]`` is the advantage of turn ``j`` of trajectory ``i``; the learner gives it to every response
+    token of that turn. Token-level estimators (``ppo_token``, ``ppo_bilevel``) also set ``tokens[i][j]``, one
+    value per response token (``len == len(turn.response_ids)``), which the learner uses instead; their
+    ``turns[i][j]`` is then the mean over the turn's tokens (0 for an empty response), a summary for display.
+    Read per-token values with :meth:`token_values`, so no reader asks which kind it holds.
+    """
+
+    turns: list[list[float]]
+    tokens: list[list[list[float]]] | None = None
+
+    @classmethod
+    def per_token(cls, tokens: list[list[list[float]]]) -> "Advantages":
+        """From per-token values; ``turns`` becomes each turn's mean."""
+        turns = [[sum(t) / len(t) if t else 0.0 for t in traj] for traj in tokens]
+        return cls(turns, tokens)
+
+    @classmethod
+    def zeros(cls, trajectories: "list[Trajectory]") -> "Advantages":
+        return cls([[0.0] * len(t.turns) for t in trajectories])
+
+    def __len__(self) -> int:
+        return len(self.turns)
+
+    def token_values(self, i: int, j: int, n: int) -> list[float]:
+        """The advantage of each of the ``n`` response tokens of turn ``j`` of trajectory ``i``."""
+        if self.tokens is None:
+            return [float(self.turns[i][j])] * n
+        values = self.tokens[i][j]
+        if len(values) != n:
+            raise ValueError(f"trajectory {i} turn {j}: {len(values)} token advantages for a {n}-token response")
+        return [float(x) for x in values]
+
+    def values(self) -> list[float]:
+        """Every value at the estimator's own granularity (per token when ``tokens`` is set), for statistics."""
+        if self.tokens is not None:
+            return [float(x) for traj in self.tokens for turn in traj for x in turn]
+        return [float(a) for traj in self.turns for a in traj]
+
+    def masked(self, keep: Callable[[int, int], bool]) -> "Advantages":
+        """A copy with every turn ``(i, j)`` for which ``keep(i, j)`` is False set to 0 (its tokens too)."""
+        turns = [[a if keep(i, j) else 0.0 for j, a in enumerate(traj)] for i, traj in enumerate(self.turns)]
+        if self.tokens is None:
+            return Advantages(turns)
+        tokens = [[list(t) if keep(i, j) else [0.0] * len(t) for j, t in enumerate(traj)] for i, traj in enumerate(self.tokens)]
+        return Advantages(turns, tokens)

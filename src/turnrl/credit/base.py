@@ -7,9 +7,9 @@ Every advantage estimator is a plain function
 registered by name with ``@register_estimator("name")``. The training loop looks it up with
 ``get_estimator(cfg.algo.estimator)`` and never asks which one it holds.
 
-Output layout (``Advantages``): one list per trajectory, in flattened group order
-``[t for g in groups for t in g.trajectories]``, holding one float per turn of that trajectory. The
-trainer broadcasts a turn's advantage over that turn's response tokens (the model's own tokens).
+Output: :class:`turnrl.types.Advantages`, one row per trajectory in flattened group order
+``[t for g in groups for t in g.trajectories]``, one float per turn (and, for token-level estimators, one
+per response token). The learner spreads a turn's advantage over that turn's response tokens.
 """
 
 from __future__ import annotations
@@ -17,18 +17,11 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, Union
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from turnrl.types import TrajectoryGroup
-
-TurnAdvantage = Union[float, list[float]]
-"""A float is spread over every response token of the turn; a list gives one advantage per response token
-(token-level estimators such as ``ppo_token``), ``len == len(turn.response_ids)``."""
-
-Advantages = list[list[TurnAdvantage]]
-"""One list per trajectory (flattened group order), one entry per turn."""
+from turnrl.types import Advantages, TrajectoryGroup
 
 
 @dataclass(frozen=True)
@@ -142,4 +135,4 @@ def flat_group_index(groups: Sequence[TrajectoryGroup]) -> np.ndarray:
 def broadcast_to_turns(groups: Sequence[TrajectoryGroup], per_traj: np.ndarray) -> Advantages:
     """Give every turn of trajectory i the value ``per_traj[i]`` (flattened order)."""
     trajs = [t for g in groups for t in g.trajectories]
-    return [[float(a)] * t.num_turns for a, t in zip(per_traj.tolist(), trajs)]
+    return Advantages([[float(a)] * t.num_turns for a, t in zip(per_traj.tolist(), trajs)])

@@ -16,8 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from turnrl.credit.base import Advantages
-from turnrl.types import TrajectoryGroup
+from turnrl.types import Advantages, TrajectoryGroup
 
 
 def keep_informative_groups(groups: Sequence[TrajectoryGroup], fraction: float) -> list[bool]:
@@ -39,16 +38,11 @@ def keep_informative_groups(groups: Sequence[TrajectoryGroup], fraction: float) 
 
 def apply_group_mask(groups: Sequence[TrajectoryGroup], advantages: Advantages, keep: Sequence[bool]) -> Advantages:
     """Zero the advantages of every trajectory in a dropped group (flattened order, as estimators return)."""
-    out: Advantages = []
-    i = 0
-    for g, k in zip(groups, keep):
-        for _ in g.trajectories:
-            out.append(list(advantages[i]) if k else [0.0] * len(advantages[i]))
-            i += 1
-    return out
+    kept = [k for g, k in zip(groups, keep) for _ in g.trajectories]
+    return advantages.masked(lambda i, j: kept[i])
 
 
 def mask_overlong(groups: Sequence[TrajectoryGroup], advantages: Advantages) -> Advantages:
     """Zero the advantage of each turn whose response was cut by the per-turn token limit."""
     trajs = [t for g in groups for t in g.trajectories]
-    return [[0.0 if turn.finish_reason == "length" else a for turn, a in zip(t.turns, adv)] for t, adv in zip(trajs, advantages)]
+    return advantages.masked(lambda i, j: trajs[i].turns[j].finish_reason != "length")

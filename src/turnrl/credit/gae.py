@@ -43,8 +43,8 @@ from typing import Sequence
 
 import numpy as np
 
-from turnrl.credit.base import Advantages, CreditParams, ValueInputs, register_estimator
-from turnrl.types import Termination, Trajectory, TrajectoryGroup
+from turnrl.credit.base import CreditParams, ValueInputs, register_estimator
+from turnrl.types import Advantages, Termination, Trajectory, TrajectoryGroup
 
 ValueTargets = tuple[list[list[list[float]]], list[list[list[int]]]]
 """``(returns, mask)``: per trajectory, per turn, per response token the value target and whether that
@@ -207,17 +207,17 @@ def _token_targets(returns: list[list[np.ndarray]]) -> ValueTargets:
 def ppo_token(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages:
     """Token-level GAE over response tokens (see the module docstring). One advantage per response token."""
     if not groups:
-        return []
+        return Advantages([])
     adv, _ = _token_level(groups, params)
     _whiten(adv, params)
-    return [[a.tolist() for a in traj] for traj in adv]
+    return Advantages.per_token([[a.tolist() for a in traj] for traj in adv])
 
 
 @register_estimator("ppo_turn")
 def ppo_turn(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages:
     """Turn-level GAE: one value and one advantage per turn, spread over the turn's tokens (module docstring)."""
     if not groups:
-        return []
+        return Advantages([])
     adv, _ = _turn_level(groups, params)
     if params.whiten:
         trajs = _flat(groups)
@@ -226,17 +226,17 @@ def ppo_turn(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advanta
         if flat.size >= 2:  # token-weighted statistics, as for the token-level estimators
             mean, std = flat.mean(), flat.std()
             adv = [[float((a - mean) / (std + params.eps)) for a in traj] for traj in adv]
-    return [[float(a) for a in traj] for traj in adv]
+    return Advantages([[float(a) for a in traj] for traj in adv])
 
 
 @register_estimator("ppo_bilevel")
 def ppo_bilevel(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages:
     """Bi-level GAE: turn-level TD targets, token-level GAE within each turn (module docstring)."""
     if not groups:
-        return []
+        return Advantages([])
     adv, _ = _bi_level(groups, params)
     _whiten(adv, params)
-    return [[a.tolist() for a in traj] for traj in adv]
+    return Advantages.per_token([[a.tolist() for a in traj] for traj in adv])
 
 
 def _turn_value_targets(groups: Sequence[TrajectoryGroup], params: CreditParams) -> ValueTargets:

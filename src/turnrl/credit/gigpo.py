@@ -8,10 +8,10 @@ from typing import Sequence
 
 import numpy as np
 
-from turnrl.credit.base import Advantages, CreditParams, register_estimator
+from turnrl.credit.base import CreditParams, register_estimator
 from turnrl.credit.outcome import grpo
 from turnrl.credit.turn import turn_returns
-from turnrl.types import TrajectoryGroup
+from turnrl.types import Advantages, TrajectoryGroup
 
 
 def anchor_similarity(a: str, b: str) -> float:
@@ -64,8 +64,8 @@ def gigpo(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages
     returns of the *next* states' discounted rewards exactly as here, but its released code counts only
     steps before termination; here every recorded turn is counted, including the terminal one.
     """
-    episode = grpo(groups, params)
-    out: Advantages = []
+    episode = grpo(groups, params).turns
+    out: list[list[float]] = []
     offset = 0
     for g in groups:
         returns = [turn_returns([turn.reward for turn in t.turns], params.gamma) for t in g.trajectories]
@@ -87,4 +87,4 @@ def gigpo(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages
         for i in range(len(g.trajectories)):
             out.append([e + params.step_weight * s for e, s in zip(episode[offset + i], step[i])])
         offset += len(g.trajectories)
-    return out
+    return Advantages(out)

@@ -12,14 +12,13 @@ from typing import Sequence
 import numpy as np
 
 from turnrl.credit.base import (
-    Advantages,
     CreditParams,
     broadcast_to_turns,
     episode_rewards,
     flat_group_index,
     register_estimator,
 )
-from turnrl.types import TrajectoryGroup
+from turnrl.types import Advantages, TrajectoryGroup
 
 
 def _group_stats(groups: Sequence[TrajectoryGroup]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

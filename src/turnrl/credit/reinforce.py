@@ -6,22 +6,22 @@ from typing import Sequence
 
 import numpy as np
 
-from turnrl.credit.base import Advantages, CreditParams, register_estimator
+from turnrl.credit.base import CreditParams, register_estimator
 from turnrl.credit.turn import turn_returns
-from turnrl.types import TrajectoryGroup
+from turnrl.types import Advantages, TrajectoryGroup
 
 
 def _whiten(groups: Sequence[TrajectoryGroup], returns: list[list[float]], params: CreditParams) -> Advantages:
     flat = np.asarray([x for rs in returns for x in rs], dtype=np.float64)
     if flat.size == 0:
-        return [[] for _ in returns]
+        return Advantages([[] for _ in returns])
     if not np.all(np.isfinite(flat)):
         raise ValueError("a turn reward is not finite")
     mean = flat.mean()
     if flat.size < 2 or flat.max() == flat.min():
-        return [[0.0] * len(rs) for rs in returns]
+        return Advantages([[0.0] * len(rs) for rs in returns])
     scale = (flat.std() + params.eps) if params.norm_std else 1.0
-    return [[float((x - mean) / scale) for x in rs] for rs in returns]
+    return Advantages([[float((x - mean) / scale) for x in rs] for rs in returns])
 
 
 @register_estimator("reinforce_pp")

@@ -6,8 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
-from turnrl.credit.base import Advantages, CreditParams, broadcast_to_turns, episode_rewards, register_estimator
-from turnrl.types import TrajectoryGroup
+from turnrl.credit.base import CreditParams, broadcast_to_turns, episode_rewards, register_estimator
+from turnrl.types import Advantages, TrajectoryGroup
 
 
 @register_estimator("remax")
@@ -26,7 +26,7 @@ def remax(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages
     ``norm_std`` / ``eps`` / ``gamma`` are ignored (ReMax does not normalise).
     """
     if not groups:
-        return []
+        return Advantages([])
     if params.baseline_rewards is None:
         raise ValueError("estimator 'remax' needs params.baseline_rewards (one greedy episode reward per group); "
                          "the trainer fills it when the estimator declares needs_greedy_baseline")

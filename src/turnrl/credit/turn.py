@@ -6,8 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
-from turnrl.credit.base import Advantages, CreditParams, register_estimator
-from turnrl.types import TrajectoryGroup
+from turnrl.credit.base import CreditParams, register_estimator
+from turnrl.types import Advantages, TrajectoryGroup
 
 
 def turn_returns(rewards: Sequence[float], gamma: float) -> list[float]:
@@ -46,7 +46,7 @@ def grpo_turn(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advant
     (arXiv:2402.03300, sec. 4.1.3) with turn rewards as the process rewards, except that the paper sums
     normalised rewards while this normalises the discounted sums.
     """
-    out: Advantages = []
+    out: list[list[float]] = []
     for g in groups:
         returns = [turn_returns([turn.reward for turn in t.turns], params.gamma) for t in g.trajectories]
         pool = np.asarray([x for rs in returns for x in rs], dtype=np.float64)
@@ -58,4 +58,4 @@ def grpo_turn(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advant
         mean = pool.mean()
         scale = (pool.std(ddof=1) + params.eps) if params.norm_std else 1.0
         out.extend([[float((x - mean) / scale) for x in rs] for rs in returns])
-    return out
+    return Advantages(out)

@@ -6,8 +6,8 @@
 - :mod:`~turnrl.learner.critic`: :class:`Critic`, a learned V(s) for the GAE estimators.
 """
 
-from turnrl.learner.critic import Critic, ValueBatch
-from turnrl.learner.learner import Learner
+from turnrl.learner.critic import Critic, CriticParams, ValueBatch
+from turnrl.learner.learner import Learner, LearnerParams
 from turnrl.learner.samples import build_samples, collate, micro_batches
 
-__all__ = ["Critic", "Learner", "ValueBatch", "build_samples", "collate", "micro_batches"]
+__all__ = ["Critic", "CriticParams", "Learner", "LearnerParams", "ValueBatch", "build_samples", "collate", "micro_batches"]

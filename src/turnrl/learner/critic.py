@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from turnrl.config import Config
 from turnrl.learner import losses
 from turnrl.credit.base import ValueInputs
 from turnrl.learner.samples import pack_by_length
@@ -88,28 +89,39 @@ def _layout(trajectories: Sequence[Trajectory]) -> list[_Seq]:
 
 
 def _chunks(seqs: list[_Seq], token_budget: int) -> list[list[_Seq]]:
-    return pack_by_length(seqs, len_ids, token_budget)
+    return pack_by_length(seqs, lambda s: len(s.ids), token_budget)
 
 
-def len_ids(s: _Seq) -> int:
-    return len(s.ids)
+@dataclass(frozen=True)
+class CriticParams:
+    """What :class:`Critic` needs. ``mode``, ``lr`` and ``value_clip`` are ``algo.critic``, ``algo.critic_lr`` and
+    ``algo.value_clip``; the rest mirror the learner's keys (:meth:`from_config` is the one mapping)."""
+
+    mode: str  # "head" | "separate"
+    lr: float
+    value_clip: float
+    grad_clip: float
+    micro_batch_tokens: int = 2048
+    autocast_bf16: bool = False
+    min_shared_prefix: int = 16  # shorter shared prefixes are not worth a separate pass
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> "CriticParams":
+        a = cfg.algo
+        return cls(mode=a.critic, lr=a.critic_lr, value_clip=a.value_clip, grad_clip=cfg.train.grad_clip,
+                   micro_batch_tokens=cfg.train.micro_batch_tokens, autocast_bf16=cfg.model.autocast_bf16)
 
 
 class Critic:
     """V(s) at token positions; see the module docstring for the two modes and the position convention."""
 
-    def __init__(self, policy, mode: str, *, lr: float, value_clip: float, grad_clip: float, pad_id: int,
-                 micro_batch_tokens: int = 2048, autocast_bf16: bool = False, min_shared_prefix: int = 16) -> None:
-        if mode not in ("head", "separate"):
-            raise ValueError(f"critic mode must be 'head' or 'separate' (got {mode!r}); algo.critic=none means no critic")
-        self.mode = mode
-        self.value_clip = value_clip
-        self.grad_clip = grad_clip
+    def __init__(self, policy, params: CriticParams, pad_id: int) -> None:
+        if params.mode not in ("head", "separate"):
+            raise ValueError(f"critic mode must be 'head' or 'separate' (got {params.mode!r}); algo.critic=none means no critic")
+        self.params = params
+        self.mode = params.mode
         self.pad_id = pad_id
-        self.micro_batch_tokens = micro_batch_tokens
-        self.autocast_bf16 = autocast_bf16
-        self.min_shared_prefix = min_shared_prefix  # shorter shared prefixes are not worth a separate pass
-        if mode == "head":
+        if self.mode == "head":
             self.trunk = policy
         else:
             self.trunk = copy.deepcopy(policy)
@@ -119,19 +131,19 @@ class Critic:
         self.head = torch.nn.Linear(policy.config.hidden_size, 1)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
-        self.lr = lr
         self.optimizer = (
-            torch.optim.AdamW(list(self.trunk.parameters()) + list(self.head.parameters()), lr=lr) if mode == "separate" else None
+            torch.optim.AdamW(list(self.trunk.parameters()) + list(self.head.parameters()), lr=params.lr)
+            if self.mode == "separate" else None
         )
 
     def joint_param_groups(self) -> list[dict]:
         """Optimizer parameter groups the policy's optimizer must own (the head, in ``head`` mode)."""
-        return [{"params": list(self.head.parameters()), "lr": self.lr}] if self.mode == "head" else []
+        return [{"params": list(self.head.parameters()), "lr": self.params.lr}] if self.mode == "head" else []
 
     # ------------------------------------------------------------------ forward
 
     def _autocast(self):
-        return torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast_bf16 else contextlib.nullcontext()
+        return torch.autocast("cpu", dtype=torch.bfloat16) if self.params.autocast_bf16 else contextlib.nullcontext()
 
     def _values(self, chunk: list[_Seq]) -> tuple[torch.Tensor, list[int]]:
         """Values over the chunk's suffixes and, per row, the offset that maps a position to a column.
@@ -142,7 +154,7 @@ class Critic:
         """
         needed = min(min([p for pos in s.positions for p in pos] + [s.last if s.last >= 0 else len(s.ids) - 1]) for s in chunk)
         P = common_prefix_len([s.ids for s in chunk], limit=needed) if len(chunk) > 1 else 0
-        if P < self.min_shared_prefix:
+        if P < self.params.min_shared_prefix:
             P = 0
         B = bucket_rows(len(chunk))
         ids, att = left_padded([chunk[b if b < len(chunk) else 0].ids for b in range(B)], P, self.pad_id)
@@ -163,7 +175,7 @@ class Critic:
         """Token values of every response token and each trajectory's bootstrap value (no gradient)."""
         token_values = [[[0.0] * len(turn.response_ids) for turn in t.turns] for t in trajectories]
         bootstrap = [0.0] * len(trajectories)
-        for chunk in _chunks(_layout(trajectories), self.micro_batch_tokens):
+        for chunk in _chunks(_layout(trajectories), self.params.micro_batch_tokens):
             v, offsets = self._values(chunk)
             for b, (s, off) in enumerate(zip(chunk, offsets)):
                 for j, pos in zip(s.turns, s.positions):
@@ -192,7 +204,7 @@ class Critic:
         if total == 0:
             return sums
         seqs = [s for s in _layout(batch.trajectories) if keep[s.traj]]
-        for chunk in _chunks(seqs, self.micro_batch_tokens):
+        for chunk in _chunks(seqs, self.params.micro_batch_tokens):
             rows, cols, old, ret = [], [], [], []
             for b, s in enumerate(chunk):
                 for j, pos in zip(s.turns, s.positions):
@@ -207,7 +219,7 @@ class Critic:
             values, offsets = self._values(chunk)
             v = values[torch.tensor(rows), torch.tensor([c - offsets[r] for r, c in zip(rows, cols)])]
             old_t, ret_t = torch.tensor(old), torch.tensor(ret)
-            per, stats = losses.clipped_value_loss(v, old_t, ret_t, torch.ones_like(v), self.value_clip)
+            per, stats = losses.clipped_value_loss(v, old_t, ret_t, torch.ones_like(v), self.params.value_clip)
             loss = per.sum() / total
             (coef * loss).backward()
             n = len(rows)
@@ -223,7 +235,7 @@ class Critic:
         if self.optimizer is None:
             return None
         params = list(self.trunk.parameters()) + list(self.head.parameters())
-        norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
+        norm = float(torch.nn.utils.clip_grad_norm_(params, self.params.grad_clip))
         self.optimizer.step()
         return norm
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
+from turnrl.config import Config
 from turnrl.learner import losses
 from turnrl.learner.samples import Batch, build_samples, collate, micro_batches
 from turnrl.models.prefix import additive_mask, forward, prefix_cache
-from turnrl.types import TrainSample, Trajectory
+from turnrl.types import Advantages, TrainSample, Trajectory
 
 
 def response_logits(model, batch: Batch) -> torch.Tensor:
@@ -80,112 +82,162 @@ def packed_entropy(logits: torch.Tensor, batch: Batch, temperature: float) -> to
     return unpack(losses.entropy_from_logits(scaled[None])[0], batch.mask)
 
 
+@dataclass(frozen=True)
+class LearnerParams:
+    """What :class:`Learner` needs: the optimizer, the policy loss and the micro-batch budget.
+
+    Each field is the config key of the same name (``turnrl train --help-config`` documents them):
+    :meth:`from_config` is the one mapping.
+    """
+
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+    warmup_steps: int
+    grad_clip: float
+    micro_batch_tokens: int
+    autocast_bf16: bool
+    temperature: float  # the sampling temperature: the learner's logprobs are of softmax(logits / temperature)
+    ppo_epochs: int
+    clip_low: float
+    clip_high: float
+    dual_clip: float | None
+    ratio_level: str
+    entropy_coef: float
+    kl_coef: float
+    kl_type: str
+    loss_agg: str
+    norm_len: float  # seq-mean-token-sum-norm's constant: rollout.max_new_tokens
+    vf_coef: float
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> "LearnerParams":
+        t, a = cfg.train, cfg.algo
+        return cls(
+            lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay, warmup_steps=t.warmup_steps, grad_clip=t.grad_clip,
+            micro_batch_tokens=t.micro_batch_tokens, autocast_bf16=cfg.model.autocast_bf16,
+            temperature=cfg.rollout.temperature, ppo_epochs=a.ppo_epochs, clip_low=a.clip_low, clip_high=a.clip_high,
+            dual_clip=a.dual_clip, ratio_level=a.ratio_level, entropy_coef=a.entropy_coef, kl_coef=a.kl_coef,
+            kl_type=a.kl_type, loss_agg=a.loss_agg, norm_len=float(cfg.rollout.max_new_tokens), vf_coef=a.vf_coef,
+        )
+
+
+@dataclass
+class _Sums:
+    """One epoch's statistics: token-weighted sums (divided by the token count at the end) and maxima."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    maxima: dict[str, float] = field(default_factory=dict)
+
+    def add(self, k: str, v: float) -> None:
+        self.sums[k] = self.sums.get(k, 0.0) + v
+
+
 class Learner:
     """Owns the optimizer and turns TrainSamples into one optimizer step per call to :meth:`update`."""
 
-    def __init__(self, model, cfg, pad_id: int, ref_model=None, critic=None) -> None:
+    def __init__(self, model, params: LearnerParams, pad_id: int, ref_model=None, critic=None) -> None:
         self.model = model
-        self.cfg = cfg  # turnrl.config.Config
+        self.params = params
         self.pad_id = pad_id
         self.ref_model = ref_model
         self.critic = critic  # turnrl.learner.critic.Critic or None; a value head joins this optimizer
-        t = cfg.train
         groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
         groups += critic.joint_param_groups() if critic is not None else []
-        self.optimizer = torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
-        warm = t.warmup_steps
+        self.optimizer = torch.optim.AdamW(groups, lr=params.lr, betas=tuple(params.betas), weight_decay=params.weight_decay)
+        warm = params.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
 
     def _autocast(self):
-        if self.cfg.model.autocast_bf16:
+        if self.params.autocast_bf16:
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def update(self, samples: Sequence[TrainSample], value_batch=None) -> dict[str, float]:
         """One optimizer step (per PPO epoch) over ``samples``; returns train/* metrics.
 
-        With a critic, ``value_batch`` (a :class:`turnrl.learner.critic.ValueBatch`) adds ``algo.vf_coef`` times the
-        clipped value loss to the same step (``head``) or steps the separate value model alongside.
+        Every micro-batch's loss is normalised by the whole batch's token and sequence counts, so the summed
+        gradient does not depend on the split. With a critic, ``value_batch`` (a
+        :class:`turnrl.learner.critic.ValueBatch`) adds ``vf_coef`` times the clipped value loss to the same
+        step (``head``) or steps the separate value model alongside.
         """
-        a = self.cfg.algo
-        temperature = self.cfg.rollout.temperature
-        metrics: dict[str, float] = {}
         if not samples and value_batch is None:
             return {"train/num_samples": 0.0}
         num_tokens = float(sum(sum(s.loss_mask) for s in samples))
         num_seqs = float(len(samples))
-        batches = micro_batches(samples, self.cfg.train.micro_batch_tokens)
+        batches = micro_batches(samples, self.params.micro_batch_tokens)
         self.model.train()
-        for _ in range(a.ppo_epochs):
+        for _ in range(self.params.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             if self.critic is not None:
                 self.critic.zero_grad()
-            sums: dict[str, float] = {}
-            maxima: dict[str, float] = {}
+            stats = _Sums()
             for mb in batches:
-                batch = collate(mb, self.pad_id)
-                with self._autocast():
-                    logits = response_logits(self.model, batch)
-                    ref_logits = None
-                    if self.ref_model is not None and a.kl_coef > 0:
-                        with torch.no_grad():
-                            ref_logits = response_logits(self.ref_model, batch)
-                logp = packed_logprobs(logits, batch, temperature)
-                per_tok, stats = losses.ppo_clip_loss(
-                    logp, batch.old_logprobs, batch.advantages, batch.mask, clip_low=a.clip_low, clip_high=a.clip_high,
-                    dual_clip=a.dual_clip, ratio_level=a.ratio_level,
-                )
-                if a.entropy_coef > 0:  # bonus: minimise -H (the metric below is computed without grad)
-                    per_tok = per_tok - a.entropy_coef * packed_entropy(logits, batch, temperature)
-                if ref_logits is not None:
-                    ref_logp = packed_logprobs(ref_logits, batch, temperature)
-                    kl = losses.kl_penalty(logp, ref_logp, a.kl_type)
-                    per_tok = per_tok + a.kl_coef * kl
-                    _acc(sums, "kl", float((kl.detach() * batch.mask).sum()))
-                loss = losses.aggregate(
-                    per_tok, batch.mask, a.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs,
-                    norm_len=float(self.cfg.rollout.max_new_tokens),
-                )
-                loss.backward()
-                n = float(batch.mask.sum())
-                with torch.no_grad():
-                    ent = packed_entropy(logits.detach(), batch, temperature)
-                    _acc(sums, "entropy", float((ent * batch.mask).sum()))
-                    _acc(sums, "logprob", float((logp.detach() * batch.mask).sum()))
-                    _acc(sums, "behaviour_logprob_diff", float(((logp.detach() - batch.old_logprobs).abs() * batch.mask).sum()))
-                _acc(sums, "loss", float(loss.detach()))
-                for k, v in stats.items():
-                    if k.endswith("_max"):  # a maximum over micro-batches, not a token-weighted mean
-                        maxima[k] = max(maxima.get(k, float("-inf")), float(v))
-                    else:
-                        _acc(sums, k, float(v) * n)
+                self._policy_backward(collate(mb, self.pad_id), num_tokens, num_seqs, stats)
             if self.critic is not None and value_batch is not None:
                 with self._autocast():
-                    for k, v in self.critic.backward_value_loss(value_batch, a.vf_coef).items():
-                        maxima[k] = v  # already a batch mean; the last epoch's value is logged
-            params = [p for g in self.optimizer.param_groups for p in g["params"]]
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
-            if not math.isfinite(float(grad_norm)):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise FloatingPointError(f"gradient norm is {float(grad_norm)}; the update was skipped (weights unchanged)")
-            self.optimizer.step()
-            self.scheduler.step()
-            if self.critic is not None and (critic_norm := self.critic.step()) is not None:
-                maxima["critic_grad_norm"] = critic_norm
-        metrics["train/loss"] = sums.pop("loss", 0.0)  # 0 when only the critic had something to train on
-        for k, v in sums.items():
-            metrics[f"train/{k}"] = v / max(num_tokens, 1.0)
-        metrics.update({f"train/{k}": v for k, v in maxima.items()})
-        metrics.update(
-            {
-                "train/grad_norm": float(grad_norm),
-                "train/lr": self.scheduler.get_last_lr()[0],
-                "train/num_samples": num_seqs,
-                "train/num_tokens": num_tokens,
-                "train/micro_batches": float(len(batches)),
-            }
-        )
+                    # already batch means; the last epoch's values are logged
+                    stats.maxima.update(self.critic.backward_value_loss(value_batch, self.params.vf_coef))
+            grad_norm = self._step(stats)
+        metrics = {"train/loss": stats.sums.pop("loss", 0.0)}  # 0 when only the critic had something to train on
+        metrics.update({f"train/{k}": v / max(num_tokens, 1.0) for k, v in stats.sums.items()})
+        metrics.update({f"train/{k}": v for k, v in stats.maxima.items()})
+        metrics.update({
+            "train/grad_norm": grad_norm,
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/num_samples": num_seqs,
+            "train/num_tokens": num_tokens,
+            "train/micro_batches": float(len(batches)),
+        })
         return metrics
+
+    def _policy_backward(self, batch: Batch, num_tokens: float, num_seqs: float, stats: _Sums) -> None:
+        """Accumulate one micro-batch's policy-loss gradient (PPO-clip, entropy bonus, KL to the reference)."""
+        p = self.params
+        with self._autocast():
+            logits = response_logits(self.model, batch)
+            ref_logits = None
+            if self.ref_model is not None and p.kl_coef > 0:
+                with torch.no_grad():
+                    ref_logits = response_logits(self.ref_model, batch)
+        logp = packed_logprobs(logits, batch, p.temperature)
+        per_tok, clip_stats = losses.ppo_clip_loss(
+            logp, batch.old_logprobs, batch.advantages, batch.mask, clip_low=p.clip_low, clip_high=p.clip_high,
+            dual_clip=p.dual_clip, ratio_level=p.ratio_level,
+        )
+        if p.entropy_coef > 0:  # bonus: minimise -H (the metric below is computed without grad)
+            per_tok = per_tok - p.entropy_coef * packed_entropy(logits, batch, p.temperature)
+        if ref_logits is not None:
+            kl = losses.kl_penalty(logp, packed_logprobs(ref_logits, batch, p.temperature), p.kl_type)
+            per_tok = per_tok + p.kl_coef * kl
+            stats.add("kl", float((kl.detach() * batch.mask).sum()))
+        loss = losses.aggregate(per_tok, batch.mask, p.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=p.norm_len)
+        loss.backward()
+        n = float(batch.mask.sum())
+        with torch.no_grad():
+            ent = packed_entropy(logits.detach(), batch, p.temperature)
+            stats.add("entropy", float((ent * batch.mask).sum()))
+            stats.add("logprob", float((logp.detach() * batch.mask).sum()))
+            stats.add("behaviour_logprob_diff", float(((logp.detach() - batch.old_logprobs).abs() * batch.mask).sum()))
+        stats.add("loss", float(loss.detach()))
+        for k, v in clip_stats.items():
+            if k.endswith("_max"):  # a maximum over micro-batches, not a token-weighted mean
+                stats.maxima[k] = max(stats.maxima.get(k, float("-inf")), float(v))
+            else:
+                stats.add(k, float(v) * n)
+
+    def _step(self, stats: _Sums) -> float:
+        """Clip the global gradient norm and step (the separate critic too); a non-finite norm skips the step."""
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.params.grad_clip))
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"gradient norm is {grad_norm}; the update was skipped (weights unchanged)")
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.critic is not None and (critic_norm := self.critic.step()) is not None:
+            stats.maxima["critic_grad_norm"] = critic_norm
+        return grad_norm
 
     @torch.no_grad()
     def reference_turn_kl(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
@@ -197,9 +249,9 @@ class Learner:
         if self.ref_model is None:
             raise ValueError("KL in the reward needs a reference model: set model.reference=true")
         out = [[0.0] * len(t.turns) for t in trajectories]
-        samples = build_samples(trajectories, [[0.0] * len(t.turns) for t in trajectories])
-        temperature = self.cfg.rollout.temperature
-        for mb in micro_batches(samples, self.cfg.train.micro_batch_tokens):
+        samples = build_samples(trajectories, Advantages.zeros(trajectories))
+        temperature = self.params.temperature
+        for mb in micro_batches(samples, self.params.micro_batch_tokens):
             batch = collate(mb, self.pad_id)
             with self._autocast():
                 ref_logits = response_logits(self.ref_model, batch)
@@ -228,7 +280,3 @@ class Learner:
             if "critic" not in state:
                 raise ValueError("the checkpoint has no critic state but algo.critic is set; resume with the run's own config")
             self.critic.load_state_dict(state["critic"])
-
-
-def _acc(d: dict[str, float], k: str, v: float) -> None:
-    d[k] = d.get(k, 0.0) + v

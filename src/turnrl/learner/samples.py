@@ -14,45 +14,38 @@ from typing import TypeVar
 import torch
 
 from turnrl.models.prefix import bucket_rows, common_prefix_len, left_padded, positions_from_mask
-from turnrl.types import Termination, TrainSample, Trajectory
+from turnrl.types import Advantages, Termination, TrainSample, Trajectory
 
 T = TypeVar("T")
 
 
-def _spread(a: float | Sequence[float], n: int) -> list[float]:
-    """A turn's advantage over its ``n`` response tokens: a float is repeated, a list is taken per token."""
-    if isinstance(a, (int, float)):
-        return [float(a)] * n
-    if len(a) != n:
-        raise ValueError(f"a token-level advantage list has {len(a)} entries for a {n}-token response")
-    return [float(x) for x in a]
-
-
-def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float | Sequence[float]]]) -> list[TrainSample]:
+def build_samples(trajectories: Sequence[Trajectory], advantages: Advantages) -> list[TrainSample]:
     """One sample per turn (``per_step`` trajectories) or per trajectory (``full``).
 
-    ``advantages[i][j]`` is the advantage of turn ``j`` of ``trajectories[i]``: a float is spread over every
-    token of that turn's response, a list (token-level estimators) gives one value per response token.
-    Trajectories that ended in an env error are not trained on.
+    Each response token gets its advantage from ``advantages`` (:meth:`Advantages.token_values`: the turn's
+    value on every token, or the token-level estimators' own per-token values). Trajectories that ended in an
+    env error are not trained on.
     """
+    if len(advantages) != len(trajectories):
+        raise ValueError(f"{len(trajectories)} trajectories but advantages for {len(advantages)}")
     samples: list[TrainSample] = []
-    for i, (traj, adv) in enumerate(zip(trajectories, advantages)):
+    for i, traj in enumerate(trajectories):
         if traj.termination == Termination.ENV_ERROR:
             continue
-        if len(adv) != len(traj.turns):
-            raise ValueError(f"trajectory {i} has {len(traj.turns)} turns but {len(adv)} advantages")
+        if len(advantages.turns[i]) != len(traj.turns):
+            raise ValueError(f"trajectory {i} has {len(traj.turns)} turns but {len(advantages.turns[i])} advantages")
         if traj.context == "full":
             ids, mask, lps, advs = [], [], [], []
-            for turn, a in zip(traj.turns, adv):
+            for j, turn in enumerate(traj.turns):
                 n = len(turn.response_ids)
                 ids += turn.prompt_ids + turn.response_ids
                 mask += [0] * len(turn.prompt_ids) + [1] * n
                 lps += [0.0] * len(turn.prompt_ids) + list(turn.logprobs)
-                advs += [0.0] * len(turn.prompt_ids) + _spread(a, n)
+                advs += [0.0] * len(turn.prompt_ids) + advantages.token_values(i, j, n)
             if any(mask):
                 samples.append(TrainSample(ids, mask, lps, advs, traj_index=i, turn_index=-1))
             continue
-        for j, (turn, a) in enumerate(zip(traj.turns, adv)):
+        for j, turn in enumerate(traj.turns):
             n, p = len(turn.response_ids), len(turn.prompt_ids)
             if n == 0:
                 continue
@@ -61,7 +54,7 @@ def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Seque
                     input_ids=turn.prompt_ids + turn.response_ids,
                     loss_mask=[0] * p + [1] * n,
                     behaviour_logprobs=[0.0] * p + list(turn.logprobs),
-                    advantages=[0.0] * p + _spread(a, n),
+                    advantages=[0.0] * p + advantages.token_values(i, j, n),
                     traj_index=i,
                     turn_index=j,
                 )
