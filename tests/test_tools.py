@@ -68,6 +68,23 @@ def test_parse_docstring_without_sections():
     assert parse_docstring("Just one line.") == ("Just one line.", {})
 
 
+@pytest.mark.parametrize("env_id", ["countdown-v0", "sql-v0", "searchqa-v0"])
+def test_shipped_tool_schemas_equal_what_transformers_derives(env_id):
+    """turnrl writes its own schemas (schema.py says why); for every shipped tool they equal get_json_schema's,
+    less its "return" entry (not part of an OpenAI function schema) and with an explicit empty "required"."""
+    from transformers.utils import get_json_schema
+
+    from turnrl.envs import make
+
+    tools = make(env_id).unwrapped.tools
+    assert tools
+    for t in tools.values():
+        theirs = get_json_schema(t.fn)
+        theirs["function"].pop("return", None)
+        theirs["function"]["parameters"].setdefault("required", [])
+        assert t.schema == theirs, t.name
+
+
 def test_validate_arguments_is_strict_and_names_the_problem():
     assert validate_arguments(lookup, {"city": "Oslo", "scale": 2}) == {"city": "Oslo", "scale": 2.0}
     cases = [
@@ -247,7 +264,8 @@ def test_the_countdown_config_trains_two_steps_with_a_tiny_model(tmp_path, token
     from turnrl.config import load_config
     from turnrl.models import tiny_model
     from turnrl.monitor.sinks import read_metrics
-    from turnrl.train import build, train
+    from turnrl.build import build
+    from turnrl.train import train
 
     path = Path(__file__).resolve().parents[1] / "configs" / "countdown.yaml"
     overrides = ["train.steps=2", "rollout.tasks_per_step=1", "rollout.group_size=2", "rollout.max_new_tokens=4",
