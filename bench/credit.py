@@ -82,7 +82,8 @@ def run_one(env: str, est: str, seed: int, args) -> list[dict]:
     """Train one (env, estimator, seed) and return its evaluation rows."""
     from turnrl.config import load_config
     from turnrl.monitor.sinks import read_metrics
-    from turnrl.train import build, train
+    from turnrl.build import build
+    from turnrl.train import train
 
     config, env_over = ENVS[env]
     overrides = [

@@ -35,7 +35,8 @@ def run_env(env: str, args) -> dict:
     """Train one recipe under the budget; return its first and last evaluation and the time it took."""
     from turnrl.config import load_config
     from turnrl.monitor.sinks import read_metrics
-    from turnrl.train import build, train
+    from turnrl.build import build
+    from turnrl.train import train
 
     overrides = [
         f"train.steps={args.steps}", f"rollout.tasks_per_step={args.tasks}", f"rollout.group_size={args.group}",

@@ -137,7 +137,8 @@ def main() -> int:
     from turnrl.engines.native import NativeEngine
     from turnrl.envs import make
     from turnrl.models import load_model, load_tokenizer
-    from turnrl.rollout import Collector, ContextSpec
+    from turnrl.agent import ContextSpec
+    from turnrl.rollout import Collector
 
     torch.set_num_threads(len(__import__("os").sched_getaffinity(0)))
     cfg = load_config(ROOT / "configs" / "default.yaml")

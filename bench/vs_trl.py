@@ -156,7 +156,8 @@ def run_turnrl(args, engine: str, task: Task, eval_seeds: list[int], out_dir: Pa
     """turnrl through its public API: ``build`` then ``train`` with config overrides of the default recipe."""
     from turnrl.config import load_config
     from turnrl.monitor.sinks import read_metrics
-    from turnrl.train import build, train
+    from turnrl.build import build
+    from turnrl.train import train
 
     overrides = [
         f"env.max_turns={ENV_KWARGS['max_turns']}", f"env.progress_reward={ENV_KWARGS['progress_reward']}",

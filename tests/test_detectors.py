@@ -61,21 +61,6 @@ def test_template_collapse():
     assert [a.step for a in alerts] == [12] and alerts[0].evidence["baseline_similarity"] == pytest.approx(0.35)
 
 
-def test_cross_input_similarity_compares_first_responses_of_different_tasks():
-    from turnrl.train import cross_input_similarity
-    from turnrl.types import Trajectory, TrajectoryGroup, Turn
-
-    def group(seed, *responses):
-        g = TrajectoryGroup(env_id="x", seed=seed)
-        for r in responses:
-            g.trajectories.append(Trajectory(env_id="x", seed=seed, turns=[Turn(prompt_ids=[0], response_ids=r, logprobs=[0.0] * len(r), observation="o", response_text="r")]))
-        return g
-
-    assert cross_input_similarity([group(0, [1, 2]), group(1, [1, 2])]) == 1.0
-    assert cross_input_similarity([group(0, [1, 2], [5]), group(1, [2, 3], [6])]) == pytest.approx((1 / 3 + 0) / 2)
-    assert cross_input_similarity([group(0, [1])]) is None
-
-
 def test_length_explosion():
     stream = [dict(healthy(s), **{"rollout/response_tokens": 3.0 if s < 6 else 40.0}) for s in range(8)]
     assert run(LengthExplosion(), stream)[0].step == 6

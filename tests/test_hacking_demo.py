@@ -5,7 +5,8 @@ import json
 from turnrl.config import load_config
 from turnrl.envs import check_env, make
 from turnrl.monitor.sinks import read_metrics
-from turnrl.train import build, train
+from turnrl.build import build
+from turnrl.train import train
 
 
 def test_hackable_env_keeps_the_contract_and_its_flaw_pays_without_solving():

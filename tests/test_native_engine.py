@@ -8,7 +8,8 @@ import torch
 from turnrl.engines import SamplingParams
 from turnrl.engines.native import NativeEngine, UnsupportedModelError
 from turnrl.envs import make
-from turnrl.rollout import Collector, ContextSpec
+from turnrl.agent import ContextSpec
+from turnrl.rollout import Collector
 
 from tests.test_engine import _hf_greedy, _prompts
 

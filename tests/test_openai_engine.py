@@ -9,7 +9,8 @@ from tests.stub_openai_server import StubOpenAIServer
 from turnrl.engines import Engine, SamplingParams
 from turnrl.engines.openai_compat import NoLogprobsError, NotTrainableError, OpenAICompatEngine, RemoteEngineError, chatml_messages
 from turnrl.envs import make
-from turnrl.rollout import Collector, ContextSpec
+from turnrl.agent import ContextSpec
+from turnrl.rollout import Collector
 from turnrl.types import Termination
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)

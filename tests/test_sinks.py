@@ -126,7 +126,8 @@ def test_training_with_both_trackers_on_logs_every_step_to_each(tmp_path, tokeni
 
     from tests.test_train import TINY
     from turnrl.models import tiny_model
-    from turnrl.train import build, train
+    from turnrl.build import build
+    from turnrl.train import train
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

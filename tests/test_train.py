@@ -9,7 +9,8 @@ import torch
 from turnrl.config import load_config
 from turnrl.envs import Env, register, registered
 from turnrl.monitor.sinks import read_metrics
-from turnrl.train import build, train
+from turnrl.build import build
+from turnrl.train import train
 
 
 class Parity(Env):
@@ -139,7 +140,7 @@ def test_an_alert_can_stop_the_run_with_a_checkpoint(tmp_path, tokenizer, monkey
         def update(self, step, metrics):
             return Alert(self.name, step, "synthetic alarm", {"step": step})
 
-    monkeypatch.setattr("turnrl.train.default_detectors", lambda: [AlwaysFires()])
+    monkeypatch.setattr("turnrl.monitor.monitor.default_detectors", lambda: [AlwaysFires()])
     run_dir, _ = _run(tmp_path, tokenizer, ["train.steps=3", "monitor.on_alert=stop"], "alarm")
     assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")][-1] == 1
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000001"
@@ -169,7 +170,7 @@ def test_rollback_restores_the_last_checkpoint_saved_before_the_alert(tmp_path, 
         weights_at_start.append({k: v.clone() for k, v in c.model.state_dict().items()})
         return real_collect(c, step, sampling)
 
-    monkeypatch.setattr(T, "default_detectors", lambda: [FiresOnceAtStep3()])
+    monkeypatch.setattr("turnrl.monitor.monitor.default_detectors", lambda: [FiresOnceAtStep3()])
     monkeypatch.setattr(T, "collect_step", spy)
     run_dir, c = _run(tmp_path, tokenizer, ["train.steps=4", "log.checkpoint_every=2", "log.keep_checkpoints=3",
                                             "eval.every=0", "eval.at_start=false", "monitor.actions={grad_spike: rollback}"], "rb")
@@ -192,7 +193,8 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path, toke
     run_dir, c = _run(tmp_path, tokenizer, ["algo.dynamic_sampling_rounds=3", "rollout.group_size=2"], "dyn")
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "rollout/train_groups" in r]
     assert rows and all(r["rollout/train_groups"] <= 2 <= r["rollout/collected_groups"] for r in rows)
-    from turnrl.train import collect_step, sampling_params
+    from turnrl.build import sampling_params
+    from turnrl.train import collect_step
 
     train_groups, collected = collect_step(c, 5, sampling_params(c.cfg))
     assert all(len(set(g.rewards)) > 1 for g in train_groups)
@@ -231,13 +233,13 @@ def test_auto_engine_is_native_where_it_runs_the_model_and_hf_elsewhere(tokenize
     from turnrl.config import ConfigError, load_config
     from turnrl.engines import HFEngine
     from turnrl.engines.native import NativeEngine
-    from turnrl.train import make_engine
+    from turnrl.build import build
 
-    auto = load_config(None, [])
+    auto = load_config(None, ["eval.at_start=false"])
     assert auto.rollout.engine == "auto"
-    assert isinstance(make_engine(auto, tiny_model, tokenizer), NativeEngine)
+    assert isinstance(build(auto, tiny_model, tokenizer).engine, NativeEngine)
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=len(tokenizer)))
-    assert isinstance(make_engine(auto, gpt2, tokenizer), HFEngine)
+    assert isinstance(build(auto, gpt2, tokenizer).engine, HFEngine)
     assert "generating with the HF engine" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="rollout.engine=native"):
-        make_engine(load_config(None, ["rollout.engine=native"]), gpt2, tokenizer)
+        build(load_config(None, ["rollout.engine=native"]), gpt2, tokenizer)

@@ -380,7 +380,8 @@ def test_training_with_rollout_engine_vllm_syncs_the_learner_each_step(fake_vllm
     """`rollout.engine=vllm` through the real trainer: vLLM (faked at its import boundary) samples, and after every
     update the learner's tensors reach it by name and the version advances with the steps."""
     from turnrl.config import load_config
-    from turnrl.train import build, train
+    from turnrl.build import build
+    from turnrl.train import train
 
     model.save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")

@@ -47,7 +47,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from turnrl.train import build, evaluate
+    from turnrl.build import build, build_for_eval
+    from turnrl.train import evaluate
 
     _quiet_transformers()
 
@@ -60,7 +61,7 @@ def cmd_eval(args) -> int:
             ckpt = latest_checkpoint(ckpt)
         model_dir = ckpt / "model" if (ckpt / "model").exists() else ckpt
         cfg.model.path = str(model_dir)
-    c = build(cfg) if args.engine == "hf" else _external_engine_components(cfg, args)
+    c = build(cfg) if args.engine == "hf" else build_for_eval(cfg, args.engine, **_remote_engine_options(args))
     m = evaluate(c)
     rate, lo, hi = m["eval/success_rate"], m["eval/success_ci_low"], m["eval/success_ci_high"]
     print(f"{cfg.env.id}: success {rate:.3f} (95% CI {lo:.3f}-{hi:.3f}) over {int(m['eval/num_tasks'])} held-out tasks; "
@@ -70,49 +71,21 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def _external_engine_components(cfg, args):
-    """Env, tokenizer, collector and a vLLM or OpenAI-compatible engine: what evaluation needs, no learner.
-
-    The tokenizer comes from ``model.path`` and must be the served model's (``docs/engines.md``).
-    """
+def _remote_engine_options(args) -> dict:
+    """``--engine openai`` options for :func:`turnrl.engines.make_engine` (vLLM needs none)."""
+    if args.engine != "openai":
+        return {}
     import os
 
     from turnrl.config import ConfigError
-    from turnrl.envs import make
-    from turnrl.models import load_tokenizer
-    from turnrl.rollout import Collector, ContextSpec
-    from turnrl.train import Components
 
-    env_kwargs = dict(cfg.env.kwargs, max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty,
-                      progress_reward=cfg.env.progress_reward)  # as turnrl.train.build
-    try:  # fail before contacting a server or loading vLLM, with the env's own message
-        probe = make(cfg.env.id, **env_kwargs)
-        probe.reset(seed=cfg.eval.seed_start)
-        probe.close()
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"env.id={cfg.env.id!r} with env.kwargs={cfg.env.kwargs}: {e}") from None
-    tokenizer = load_tokenizer(cfg.model.path)
-    if args.engine == "openai":
-        from turnrl.engines import OpenAICompatEngine
-
-        if not args.base_url or not args.api_model:
-            raise ConfigError("--engine openai needs --base-url (e.g. http://localhost:8000/v1) and --api-model "
-                              "(the id the server serves, see GET /v1/models)")
-        if args.checkpoint:
-            raise ConfigError("--checkpoint cannot be sent to a remote server; serve the checkpoint there and pass --api-model")
-        engine = OpenAICompatEngine(args.base_url, args.api_model, tokenizer, endpoint=args.api_endpoint,
-                                    api_key=os.environ.get(args.api_key_env), vllm_extensions=not args.api_plain,
-                                    require_logprobs=False, seed=cfg.train.seed)
-    else:
-        from turnrl.engines import VLLMEngine
-
-        try:
-            engine = VLLMEngine(cfg.model.path, seed=cfg.train.seed)
-        except ImportError as e:
-            raise ConfigError(str(e)) from None
-    ctx = ContextSpec(cfg.rollout.context, cfg.rollout.history_turns, cfg.rollout.few_shot, cfg.rollout.max_context_tokens)
-    collector = Collector(engine, tokenizer, lambda: make(cfg.env.id, **env_kwargs), ctx)
-    return Components(cfg, None, tokenizer, engine, collector, None)
+    if not args.base_url or not args.api_model:
+        raise ConfigError("--engine openai needs --base-url (e.g. http://localhost:8000/v1) and --api-model "
+                          "(the id the server serves, see GET /v1/models)")
+    if args.checkpoint:
+        raise ConfigError("--checkpoint cannot be sent to a remote server; serve the checkpoint there and pass --api-model")
+    return dict(base_url=args.base_url, api_model=args.api_model, endpoint=args.api_endpoint,
+                api_key=os.environ.get(args.api_key_env), vllm_extensions=not args.api_plain, require_logprobs=False)
 
 
 def cmd_play(args) -> int:

@@ -2,10 +2,11 @@
 
 With a plain engine, all live episodes advance in lock step: one batched ``engine.generate`` call per
 turn for every episode still running, then every env's ``astep`` awaited together (so envs that wait on
-a network or a subprocess overlap). With a session engine (one that has ``open``/``agenerate``/``close``,
-like :class:`~turnrl.engines.native.NativeEngine`), each episode is a coroutine holding one engine
+a network or a subprocess overlap). With a :class:`~turnrl.engines.base.SessionEngine` (such as
+:class:`~turnrl.engines.native.NativeEngine`), each episode is a coroutine holding one engine
 sequence for its lifetime: the engine batches whatever turns are in flight (continuous batching) and
-keeps each sequence's KV cache between turns. Trajectories keep the exact token ids the engine conditioned on and produced, the
+keeps each sequence's KV cache between turns. What the model is shown each turn is the context strategy's
+(:mod:`turnrl.agent.context`). Trajectories keep the exact token ids the engine conditioned on and produced, the
 behaviour logprobs, per-turn reward components, the anchor state each turn acted in, and why the episode
 ended. A failing env ends only its own episode (``Termination.ENV_ERROR``), never the batch.
 """
@@ -15,33 +16,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from turnrl.agent.chat import ChatRenderer
-from turnrl.engines.base import Engine, SamplingParams
+from turnrl.agent.context import ContextSpec, EpisodeContext
+from turnrl.engines.base import Engine, SamplingParams, SessionEngine
 from turnrl.envs.base import Env
 from turnrl.types import Termination, Trajectory, TrajectoryGroup, Turn
-
-
-@dataclass(frozen=True)
-class ContextSpec:
-    strategy: str = "per_step"  # "per_step" | "full"
-    history_turns: int = 0
-    few_shot: bool = True
-    max_context_tokens: int = 2048
-
-    def __post_init__(self) -> None:
-        if self.strategy not in ("per_step", "full"):
-            raise ValueError(f"context strategy must be 'per_step' or 'full', got {self.strategy!r}")
 
 
 @dataclass
 class _Episode:
     env: Env
     traj: Trajectory
-    observation: str
-    conversation: list[int] = field(default_factory=list)  # full strategy: every id so far
-    pending: list[int] = field(default_factory=list)  # full strategy: ids appended since the last response
+    context: EpisodeContext
     index: int = 0  # position within its group
 
 
@@ -87,12 +75,10 @@ class Collector:
                 traj.termination, traj.error = Termination.ENV_ERROR, f"reset failed: {type(res).__name__}: {res}"
                 env.close()
                 continue
-            ep = _Episode(env=env, traj=traj, observation=res[0], index=len(groups[g].trajectories) - 1)
-            if self.context.strategy == "full":
-                ep.pending = self.renderer(env).full_initial_prompt(ep.observation)
-            episodes.append(ep)
+            context = EpisodeContext(self.context, self.renderer(env), observation=res[0])
+            episodes.append(_Episode(env, traj, context, index=len(groups[g].trajectories) - 1))
 
-        if hasattr(self.engine, "agenerate"):  # a session engine: continuous batching, caches kept across turns
+        if isinstance(self.engine, SessionEngine):  # continuous batching, caches kept across turns
             t0 = time.perf_counter()
             await asyncio.gather(*(self._episode(ep, sampling) for ep in episodes))
             self.stats.generate_s = time.perf_counter() - t0 - self.stats.env_s  # wall time, not the sum over episodes
@@ -102,18 +88,10 @@ class Collector:
                 live = await self._turn(live, sampling)
         return groups
 
-    def _prompt(self, ep: _Episode) -> list[int]:
-        r = self.renderer(ep.env)
-        if self.context.strategy == "full":
-            return ep.conversation + ep.pending
-        k = self.context.history_turns
-        history = [(t.observation, t.response_text) for t in ep.traj.turns[-k:]] if k else []
-        return r.per_step_prompt(ep.observation, history)
-
     async def _turn(self, live: list[_Episode], sampling: SamplingParams) -> list[_Episode]:
         prompts, runnable = [], []
         for ep in live:
-            ids = self._prompt(ep)
+            ids = ep.context.prompt()
             if len(ids) + sampling.max_new_tokens > self.context.max_context_tokens:
                 self._finish(ep, Termination.TRUNCATED_CONTEXT)
                 continue
@@ -148,7 +126,7 @@ class Collector:
         seq = engine.open(sample_key=(ep.traj.seed, ep.index))
         try:
             while True:
-                ids = self._prompt(ep)
+                ids = ep.context.prompt()
                 if len(ids) + sampling.max_new_tokens > self.context.max_context_tokens:
                     self._finish(ep, Termination.TRUNCATED_CONTEXT)
                     return
@@ -172,12 +150,11 @@ class Collector:
 
     def _record(self, ep: _Episode, ids: list[int], comp, text: str, anchor, res) -> bool:
         """Append the turn to the trajectory; return whether the episode goes on."""
-        prompt_part = ep.pending if self.context.strategy == "full" else ids
         turn = Turn(
-            prompt_ids=list(prompt_part),
+            prompt_ids=ep.context.turn_prompt_ids(ids),
             response_ids=list(comp.token_ids),
             logprobs=list(comp.logprobs),
-            observation=ep.observation,
+            observation=ep.context.observation,
             response_text=text,
             anchor=anchor,
             finish_reason=comp.finish_reason,
@@ -202,11 +179,7 @@ class Collector:
         if truncated:
             self._finish(ep, Termination.TRUNCATED_CONTEXT if info.get("truncation") == "context" else Termination.TRUNCATED_TURNS)
             return False
-        if self.context.strategy == "full":
-            ended_eos = bool(comp.token_ids) and comp.token_ids[-1] == self.tokenizer.eos_token_id
-            ep.conversation = ep.conversation + ep.pending + list(comp.token_ids)
-            ep.pending = self.renderer(ep.env).full_continuation(obs, ended_eos)
-        ep.observation = obs
+        ep.context.advance(turn.response_ids, text, obs, self.tokenizer.eos_token_id)
         return True
 
     def _finish(self, ep: _Episode, why: Termination) -> None:

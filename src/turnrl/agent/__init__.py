@@ -1,3 +1,7 @@
-from turnrl.agent.chat import ChatRenderer
+"""How an LLM meets an env: chat rendering (:mod:`~turnrl.agent.chat`) and context strategies
+(:mod:`~turnrl.agent.context`), both exact token-in, token-out."""
 
-__all__ = ["ChatRenderer"]
+from turnrl.agent.chat import ChatRenderer
+from turnrl.agent.context import ContextSpec, EpisodeContext
+
+__all__ = ["ChatRenderer", "ContextSpec", "EpisodeContext"]

@@ -1,14 +1,10 @@
-"""How an LLM meets an env: render observations into chat-template token ids, exactly.
+"""Render observations into chat-template token ids, exactly.
 
-Two context strategies (DESIGN.md, "Token-in, token-out"):
-
-- ``per_step``: every turn's prompt is rebuilt from the instructions, optional few-shot exchanges, the
-  last ``history_turns`` exchanges and the current observation. Each turn is its own training sample;
-  context stays flat however long the episode is.
-- ``full``: one growing conversation. After the model's response the collector appends the ids of the
-  template text that closes the assistant turn, opens a user turn with the observation and opens the
-  next assistant turn. Those ids are computed from the template itself (never by re-tokenizing the
-  model's decoded text), so the conversation ids are exactly what the engine conditioned on.
+:class:`ChatRenderer` builds a whole prompt (system instructions, few-shot exchanges, history, the current
+observation) for ``per_step`` context, and, for ``full`` context, the ids that follow a response: the
+template text that closes the assistant turn, opens a user turn with the observation and opens the next
+assistant turn. Those ids come from the template itself (never from re-tokenizing the model's decoded text),
+so a conversation's ids are exactly what the engine conditioned on. :mod:`turnrl.agent.context` uses both.
 """
 
 from __future__ import annotations
