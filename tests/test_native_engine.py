@@ -5,7 +5,7 @@ import asyncio
 import pytest
 import torch
 
-from turnrl.engines import SamplingParams
+from turnrl.engines import HFEngine, SamplingParams, make_engine
 from turnrl.engines.native import NativeEngine, UnsupportedModelError
 from turnrl.envs import make
 from turnrl.agent import ContextSpec
@@ -14,6 +14,19 @@ from turnrl.rollout import Collector
 from tests.test_engine import _hf_greedy, _prompts
 
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
+
+
+def _bound_ticks(engine: NativeEngine, limit: int) -> None:
+    """Make ``engine`` fail its requests after ``limit`` ticks: a scheduler that stops making progress fails the test
+    instead of hanging it."""
+    tick = engine._tick
+
+    def bounded() -> None:
+        if engine.counters["ticks"] >= limit:
+            raise RuntimeError(f"no progress after {limit} ticks: {len(engine._waiting)} waiting, {len(engine._running)} running")
+        tick()
+
+    engine._tick = bounded
 
 
 def _recomputed_logprobs(model, prompt, completion, temperature):
@@ -141,6 +154,134 @@ def test_eviction_when_slots_run_out(tokenizer, tiny_model):
     assert engine.counters["evictions"] >= 2
 
 
+@pytest.mark.parametrize("slots,tasks", [(3, 3), (6, 8)])
+def test_multi_turn_sessions_outnumbering_slots_all_finish(tokenizer, tiny_model, slots, tasks):
+    """Full-context episodes (2 per task) on fewer slots (issue 16: 6 on 3 and 16 on 6 never finished): a sequence
+    that holds a slot is never stuck behind a request that has none, and every evicted conversation is recomputed
+    to the tokens it has with a slot of its own."""
+    env_factory = lambda: make("frozenlake-v0", max_turns=4)  # noqa: E731
+    ctx, params = ContextSpec(strategy="full"), SamplingParams(max_new_tokens=4, temperature=0.0)
+    roomy = NativeEngine(tiny_model, tokenizer, dtype="fp32", max_slots=2 * tasks, max_len=1024)
+    ref = Collector(roomy, tokenizer, env_factory, ctx).collect(list(range(tasks)), 2, params)
+    tight = NativeEngine(tiny_model, tokenizer, dtype="fp32", max_slots=slots, max_len=1024)
+    _bound_ticks(tight, 2 * tasks * 4 * 4)  # each tick samples a token: at most episodes x turns x max_new_tokens
+    got = Collector(tight, tokenizer, env_factory, ctx).collect(list(range(tasks)), 2, params)
+    assert tight.counters["evictions"] > 0 and roomy.counters["evictions"] == 0
+    for gr, gg in zip(ref, got):
+        for a, b in zip(gr.trajectories, gg.trajectories):
+            assert len(a.turns) == len(b.turns) == 4
+            assert [t.response_ids for t in a.turns] == [t.response_ids for t in b.turns]
+            assert max(abs(x - y) for ta, tb in zip(a.turns, b.turns) for x, y in zip(ta.logprobs, tb.logprobs)) < 1e-4
+
+
+def test_a_request_without_a_slot_is_served_first_come_first_served(tokenizer, tiny_model):
+    """Two sessions hold both slots and submit their next turn the moment one ends, so neither is ever idle; a
+    third session's request, which came first, takes the slot of one queued behind it instead of waiting for
+    their episodes to end."""
+    prompts = _prompts(tokenizer)
+    obs = tokenizer("\nnext\n", add_special_tokens=False)["input_ids"]
+    engine = NativeEngine(tiny_model, tokenizer, dtype="fp32", max_slots=2, max_len=1024)
+    _bound_ticks(engine, 400)
+    served: list[str] = []
+    first_turn_done = asyncio.Event()
+
+    async def session(name: str, prompt: list[int], turns: int, after: asyncio.Event | None = None) -> None:
+        seq = engine.open()
+        if after is not None:
+            await after.wait()
+        for _ in range(turns):
+            out = await engine.agenerate(seq, prompt, GREEDY)
+            served.append(name)
+            first_turn_done.set()
+            prompt = prompt + out.token_ids + obs
+
+    async def run() -> None:
+        await asyncio.gather(session("a", prompts[0], 8), session("b", prompts[1], 8),
+                             session("late", prompts[2], 1, after=first_turn_done))
+
+    asyncio.run(run())
+    assert served.index("late") <= 4  # the busy sessions got at most two more turns each meanwhile
+    assert served.count("a") == served.count("b") == 8
+    assert engine.counters["evictions"] >= 1
+
+
+def _long_head_prompts(tokenizer) -> list[list[int]]:
+    """Chat prompts whose shared head (a long system prompt) is longer than the engine's initial cache (256)."""
+    system = [{"role": "system", "content": "You play a grid game. Answer with Left, Down, Right or Up. " * 30}]
+    chats = [tokenizer.apply_chat_template(system + [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+             for q in ("PFFH\nFHFF", "SFFF\nFHPH", "hello")]
+    return [tokenizer(c, add_special_tokens=False)["input_ids"] for c in chats]
+
+
+def test_a_long_shared_head_serves_two_collections_at_one_weight_version(tokenizer, tiny_model):
+    """Issue 25: a step-0 evaluation, then a training step at the same weights. The first collection stored a head
+    longer than the cache's initial size; when its last sequence closed the cache shrank back, and the second
+    collection's copy of the stored head into a slot raised (expanded size 257 vs 548 with searchqa's prompts)."""
+    prompts = _long_head_prompts(tokenizer)
+    assert min(len(p) for p in prompts) > 300
+    engine = NativeEngine(tiny_model, tokenizer, dtype="fp32", max_len=1024)
+    first = engine.generate(prompts, GREEDY)
+    assert engine.counters["reused_tokens"] > 2 * 256  # the head was stored once and copied into the other slots
+    second = engine.generate(prompts, GREEDY)
+    assert [(o.token_ids, o.logprobs) for o in second] == [(o.token_ids, o.logprobs) for o in first]
+    assert [o.token_ids for o in second] == [_hf_greedy(tiny_model, p, 6)[: len(o.token_ids)] for p, o in zip(prompts, second)]
+
+
+def test_a_collection_does_not_depend_on_the_one_before(tokenizer, tiny_model):
+    """What a collection samples does not depend on what the engine ran before at the same weights (an evaluation
+    before a training step): it starts from an empty cache and an empty prefix store."""
+    prompts = _prompts(tokenizer)
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+    fresh = NativeEngine(tiny_model, tokenizer, dtype="bf16", seed=4)
+    for _ in range(2):
+        fresh.open()  # the same opening order (hence sample keys) as below
+    alone = fresh.generate(prompts[2:], params)
+    engine = NativeEngine(tiny_model, tokenizer, dtype="bf16", seed=4)
+    engine.generate([prompts[0], prompts[0][:-1] + prompts[1][-1:]], params)  # stores a longer head than the one below
+    after = engine.generate(prompts[2:], params)
+    assert [(o.token_ids, o.logprobs) for o in after] == [(o.token_ids, o.logprobs) for o in alone]
+
+
+def _llama_with_biases(tokenizer):
+    """A tiny Llama whose attention (q, k, v, o) and MLP (gate, up, down) projections all carry non-zero biases."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128, attention_bias=True, mlp_bias=True,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(".bias"):
+                    p.normal_(0.0, 0.5)
+    return model
+
+
+def test_attention_and_mlp_biases_are_computed(tokenizer):
+    """Issue 16: MLP biases were dropped, so ``engine=auto`` sampled a Llama with ``mlp_bias=True`` from the wrong
+    distribution. Greedy tokens and their logprobs now match the HF engine's."""
+    model = _llama_with_biases(tokenizer)
+    prompts = _prompts(tokenizer)
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    native = NativeEngine(model, tokenizer, dtype="fp32", max_len=512).generate(prompts, params)
+    ref = HFEngine(model, tokenizer).generate(prompts, params)
+    assert [o.token_ids for o in native] == [o.token_ids for o in ref]
+    assert max(abs(x - y) for a, b in zip(native, ref) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+
+
+def test_a_parameter_the_forward_pass_does_not_read_refuses_the_model(tokenizer, tiny_model):
+    """A weight outside what the native forward pass computes (here a per-head query norm, as Qwen3 has) refuses the
+    model instead of being ignored, and ``engine=auto`` falls back to the HF engine."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    tiny_model.model.layers[1].self_attn.q_norm = LlamaRMSNorm(16)
+    with pytest.raises(UnsupportedModelError, match=r"model\.layers\.1\.self_attn\.q_norm\.weight.*engine=hf"):
+        NativeEngine(tiny_model, tokenizer)
+    assert isinstance(make_engine("auto", tiny_model, tokenizer), HFEngine)
+
+
 def test_stop_strings_tokens_and_sync(tokenizer, tiny_model):
     prompts = _prompts(tokenizer)
     engine = NativeEngine(tiny_model, tokenizer, dtype="fp32")
@@ -172,8 +313,6 @@ def test_rejects_unsupported_models_and_long_prompts(tokenizer, tiny_model):
 @pytest.mark.parametrize("context", ["per_step", "full"])
 def test_collector_with_native_engine_matches_hf_engine_greedy(tokenizer, tiny_model, context):
     """Same greedy episodes through the lock-step HF path and the continuous native path."""
-    from turnrl.engines import HFEngine
-
     ctx = ContextSpec(strategy=context)
     env_factory = lambda: make("frozenlake-v0", max_turns=3)  # noqa: E731
     params = SamplingParams(max_new_tokens=4, temperature=0.0)

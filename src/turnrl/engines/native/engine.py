@@ -8,15 +8,16 @@ What it does differently from :class:`~turnrl.engines.hf.HFEngine` (the referenc
   ``t+1`` is turn ``t``'s prompt + response + the env's answer, so only the answer's tokens (and the last
   sampled token) are ever computed: the conversation is never prefilled again. With ``per_step`` the
   prompts share the system prompt and few-shot head, which is likewise never recomputed.
-- **A prefix store** keeps the KV of a prompt head that fresh sequences share (computed once per weight
-  version, copied into each new slot).
+- **A prefix store** keeps the KV of a prompt head that fresh sequences share (computed once per collection,
+  copied into each new slot; dropped with the weights and when the last sequence closes, with the cache).
 - **Continuous batching.** :meth:`agenerate` is a coroutine per request; a driver task runs engine ticks.
   A tick is one forward pass over every running request's next token together with the new prompt tokens
   of the requests admitted now, laid end to end (the matmuls see no padding; only attention groups them
   into rows), so admissions ride along with decoding instead of paying for a pass of their own.
   A request that finishes its turn returns at once, its episode steps its env and comes back while the
-  others keep decoding. When slots run out, the least recently used idle sequence is evicted (its cache
-  is recomputed if it returns, as vLLM's recompute preemption does).
+  others keep decoding. Requests are served first come, first served. When slots run out, a request takes the
+  slot of the least recently used sequence not running a request (idle, or queued behind it); that sequence's
+  cache is recomputed when it runs again, as vLLM's recompute preemption does.
 - **Its own forward pass** for the Llama family, in :mod:`turnrl.engines.native.model`.
 
 Sampling: temperature, top-k, top-p, stop tokens, stop strings, per-request max tokens; each sequence has
@@ -185,7 +186,8 @@ class NativeEngine(LlamaForward):
         hole, seq.slot = seq.slot, None
         self._slot_owner[hole] = None
         if all(o is None for o in self._slot_owner):  # nothing resident: start the next collection afresh
-            self._reset_cache()
+            self._reset_cache()  # the stored head goes with it: it may be longer than the cache now holds (issue 25)
+            self._prefix = None
             return
         last = max((i for i, o in enumerate(self._slot_owner) if o is not None), default=-1)
         if last > hole:  # keep occupied slots contiguous from 0: decode then reads the cache without a gather
@@ -263,21 +265,30 @@ class NativeEngine(LlamaForward):
         self._running = [r for r in self._running if r.finish is None]
 
     def _admit(self) -> list[_Request]:
-        """Move waiting requests to running, in order, while each finds a slot; returns the ones admitted."""
+        """Move waiting requests to running, first come first served; returns the ones admitted.
+
+        A request whose sequence holds a slot is admitted at once. One without a slot takes a free slot or that of
+        the least recently used sequence not running a request (see :meth:`_assign_slot`), so it waits only while
+        every slot runs a request, each of which ends within its ``max_new_tokens``: no request waits forever,
+        however many sessions share the slots.
+        """
         admitted = []
         for req in list(self._waiting):
             if req.seq.slot is None and not self._assign_slot(req.seq):
-                break  # no slot: wait for a running request to finish
+                continue  # every slot runs a request; the requests behind it whose sequences hold a slot still run
             self._waiting.remove(req)
+            self._running.append(req)
             admitted.append(req)
-        self._running.extend(admitted)
         return admitted
 
     def _assign_slot(self, seq: _Seq) -> bool:
-        """Give ``seq`` a free slot, evicting the least recently used idle sequence if needed; False: all busy."""
+        """Give ``seq`` a free slot, else evict the least recently used sequence that is not running a request: an
+        idle one, or one whose request is queued behind ``seq``'s (its cache is recomputed when its turn comes, as
+        vLLM's recompute preemption does). False: every slot runs a request."""
         free = next((i for i, o in enumerate(self._slot_owner) if o is None), None)
-        if free is None:  # evict the least recently used sequence that is not in flight
-            victim = next((s for s in self._seqs.values() if s.slot is not None and not s.busy), None)
+        if free is None:
+            running = {r.seq.key for r in self._running}
+            victim = next((s for s in self._seqs.values() if s.slot is not None and s.key not in running), None)
             if victim is None:
                 return False
             free, victim.slot, victim.tokens = victim.slot, None, []
@@ -365,8 +376,8 @@ class NativeEngine(LlamaForward):
         head = fresh[0][:n]
         slot = next((i for i, o in enumerate(self._slot_owner) if o is None), None)
         borrowed = None
-        if slot is None:  # all slots taken: borrow the first request's slot; it is refilled from the store next
-            borrowed = reqs[0].seq
+        if slot is None:  # all slots taken: borrow a fresh request's slot; it is refilled from the store next
+            borrowed = next(r.seq for r in reqs if not r.seq.tokens)
             slot = borrowed.slot
         self._forward([slot], [head], [0], need_logits=False)
         self.counters["prefill_tokens"] += n

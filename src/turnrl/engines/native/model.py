@@ -1,8 +1,9 @@
 """The native engine's model compute: the Llama family's forward pass over a slotted KV cache, on CPU.
 
-The Llama family (Llama, Mistral, Qwen2: RMSNorm, RoPE, grouped-query attention, SwiGLU) runs on weights copied
-from the learner's module into fused ``qkv`` and ``gate_up`` matrices in the engine's dtype (fp32 or bf16): an
-in-memory copy, no disk. Where PyTorch has oneDNN (x86 and ARM CPU builds), the matrices are also stored
+The Llama family (Llama, Mistral, Qwen2: RMSNorm, RoPE, grouped-query attention, SwiGLU, with or without biases on
+the attention and MLP projections) runs on weights copied from the learner's module into fused ``qkv`` and
+``gate_up`` matrices in the engine's dtype (fp32 or bf16): an in-memory copy, no disk. A model with any parameter
+this forward pass does not use (a variant's extra norm, say) is refused rather than run without it. Where PyTorch has oneDNN (x86 and ARM CPU builds), the matrices are also stored
 pre-packed in oneDNN's blocked layout, so no matmul re-lays out its weight on every call (the results are the
 same numbers; ``bench/rollout.py`` measures the gain). The residual stream stays fp32, as under the learner's
 autocast. Logits are computed only at positions that are sampled from.
@@ -64,8 +65,9 @@ class LlamaForward:
     """The model half of :class:`~turnrl.engines.native.NativeEngine`: weights, RoPE tables, the KV cache, the forward.
 
     The cache holds ``max_slots`` slots of up to ``max_len`` tokens per layer, grown on demand; which sequence owns
-    a slot is the engine's business. Raises :class:`UnsupportedModelError` for a model outside the Llama family
-    (before touching the torch thread count) and ``ValueError`` for a ``dtype`` other than ``"bf16"`` / ``"fp32"``.
+    a slot is the engine's business. Raises :class:`UnsupportedModelError` for a model outside the Llama family or
+    with a parameter the forward pass does not use (before touching the torch thread count), and ``ValueError`` for
+    a ``dtype`` other than ``"bf16"`` / ``"fp32"``.
     """
 
     def __init__(self, model, *, dtype: str, max_slots: int, max_len: int, threads: int | None, packed_weights: bool) -> None:
@@ -79,7 +81,6 @@ class LlamaForward:
             raise UnsupportedModelError(f"the native engine needs SiLU MLPs, this model uses {cfg.hidden_act}; use engine=hf")
         if dtype not in ("bf16", "fp32"):
             raise ValueError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}")
-        torch.set_num_threads(threads or machine_threads())
         self.model = model
         self.dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
         self.max_slots = max_slots
@@ -89,7 +90,8 @@ class LlamaForward:
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.eps = cfg.rms_norm_eps
-        self._load_weights()
+        self._refuse_unread(self._load_weights())
+        torch.set_num_threads(threads or machine_threads())
         self._rope_tables()
         self._k: list[torch.Tensor] = []  # per layer: (max_slots, n_kv, columns + 1 scratch, head_dim)
         self._v: list[torch.Tensor] = []
@@ -98,30 +100,36 @@ class LlamaForward:
         self._reset_cache()
 
     @torch.no_grad()
-    def _load_weights(self) -> None:
-        """Copy the module's weights in: fused, cast to the engine dtype (norms stay fp32), packed where oneDNN runs."""
-        m = self.model.model if hasattr(self.model, "model") else self.model
-        dt = self.dtype
+    def _load_weights(self) -> set[int]:
+        """Copy the module's weights in: fused, cast to the engine dtype (norms stay fp32), packed where oneDNN runs.
 
-        def w(t, dtype=dt):
-            return None if t is None else t.detach().to(dtype).contiguous()
+        Returns the ids of the module's parameters it read (:meth:`_refuse_unread` checks that nothing is left out).
+        """
+        m = self.model.model if hasattr(self.model, "model") else self.model
+        read: set[int] = set()
+
+        def w(*parts: torch.Tensor | None, dtype: torch.dtype = self.dtype) -> torch.Tensor | None:
+            """``parts`` concatenated (a fused matrix or bias), as the engine stores it; None if the module has none."""
+            if parts[0] is None:
+                return None
+            read.update(id(p) for p in parts)
+            return torch.cat(parts).detach().to(dtype).contiguous()
 
         layers = []
         for layer in m.layers:
             a, mlp = layer.self_attn, layer.mlp
-            bias = None
-            if a.q_proj.bias is not None:
-                bias = w(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
             layers.append(
                 {
-                    "in_norm": w(layer.input_layernorm.weight, torch.float32),
-                    "qkv": w(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
-                    "qkv_bias": bias,
+                    "in_norm": w(layer.input_layernorm.weight, dtype=torch.float32),
+                    "qkv": w(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                    "qkv_bias": w(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
                     "o": w(a.o_proj.weight),
                     "o_bias": w(a.o_proj.bias),
-                    "post_norm": w(layer.post_attention_layernorm.weight, torch.float32),
-                    "gate_up": w(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                    "post_norm": w(layer.post_attention_layernorm.weight, dtype=torch.float32),
+                    "gate_up": w(mlp.gate_proj.weight, mlp.up_proj.weight),
+                    "gate_up_bias": w(mlp.gate_proj.bias, mlp.up_proj.bias),  # Llama's mlp_bias=True
                     "down": w(mlp.down_proj.weight),
+                    "down_bias": w(mlp.down_proj.bias),
                 }
             )
         lm_head = w(self.model.get_output_embeddings().weight)
@@ -130,7 +138,19 @@ class LlamaForward:
                 for name in ("qkv", "o", "gate_up", "down"):
                     layer[name] = _pack(layer[name], self.max_slots)
             lm_head = _pack(lm_head, self.max_slots)
-        self._w = _Weights(embed=w(m.embed_tokens.weight), lm_head=lm_head, final_norm=w(m.norm.weight, torch.float32), layers=layers)
+        self._w = _Weights(embed=w(m.embed_tokens.weight), lm_head=lm_head,
+                           final_norm=w(m.norm.weight, dtype=torch.float32), layers=layers)
+        return read
+
+    def _refuse_unread(self, read: set[int]) -> None:
+        """Raise :class:`UnsupportedModelError` if the module has a parameter the forward pass does not compute with
+        (a norm or bias of a variant of the family): ignoring it would sample from another distribution."""
+        unread = [name for name, p in self.model.named_parameters() if id(p) not in read]
+        if unread:
+            raise UnsupportedModelError(
+                f"the native engine's forward pass does not use {len(unread)} of this model's parameters "
+                f"({', '.join(unread[:3])}{', ...' if len(unread) > 3 else ''}); use engine=hf for this model"
+            )
 
     @torch.no_grad()
     def _rope_tables(self) -> None:
@@ -288,8 +308,8 @@ class LlamaForward:
                 o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=g.mask)
                 att[g.dst] = o.view(B, nkv, rep, T, hd).permute(0, 3, 1, 2, 4).reshape(B * T, nh * hd)[g.src]
             x.add_(_linear(att, layer["o"], layer["o_bias"]))
-            gate, up = _linear(self._norm(x, layer["post_norm"]), layer["gate_up"]).chunk(2, dim=-1)
-            x.add_(_linear(F.silu(gate).mul_(up), layer["down"]))
+            gate, up = _linear(self._norm(x, layer["post_norm"]), layer["gate_up"], layer["gate_up_bias"]).chunk(2, dim=-1)
+            x.add_(_linear(F.silu(gate).mul_(up), layer["down"], layer["down_bias"]))
         return x
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
