@@ -8,9 +8,12 @@ messages rendered back with the tokenizer's chat template), is tokenised with th
 each is the decoded piece (OpenAI).
 
 Failures are scripted per request through ``server.script``: each request pops the next item, an HTTP
-status (``503``, ``429``, ...), ``"no_logprobs"`` (a 200 without logprobs) or ``("slow", seconds)``
-(answer after sleeping). ``server.delay(body) -> seconds`` delays every request (to scramble completion
-order). ``server.requests`` records every request body; ``server.api_key`` (if set) is required.
+status (``503``, ``429``, ...), ``"no_logprobs"`` (a 200 without logprobs), ``("slow", seconds)``
+(answer after sleeping), ``("trickle", seconds)`` (send the whole HTTP response, status line and headers
+included, one byte per ``seconds``) or ``("body", bytes)`` (a 200 whose body is exactly those bytes).
+``server.delay(body) -> seconds`` delays every request (to scramble completion order). ``server.requests``
+records every request body; ``server.api_key`` (if set) is required. ``server.answer(path, body)`` is the
+reply a request would get.
 """
 
 from __future__ import annotations
@@ -98,6 +101,14 @@ class StubOpenAIServer:
         ]} if logprobs and body.get("logprobs") else None
         return {"id": "chatcmpl-stub", "object": "chat.completion", "model": self.model, "choices": [choice]}
 
+    def answer(self, path: str, body: dict[str, Any], logprobs: bool = True) -> dict[str, Any] | None:
+        """The JSON reply to ``body`` on ``path`` (``/v1/completions`` or ``/v1/chat/completions``); None: no route."""
+        if path == "/v1/completions":
+            return self._completions(body, logprobs)
+        if path == "/v1/chat/completions":
+            return self._chat(body, logprobs)
+        return None
+
     # ---- HTTP ---------------------------------------------------------------------------------
     def _handler(self):
         server = self
@@ -107,7 +118,9 @@ class StubOpenAIServer:
                 pass
 
             def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-                data = json.dumps(payload).encode()
+                self._send_bytes(status, json.dumps(payload).encode(), headers)
+
+            def _send_bytes(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -118,6 +131,16 @@ class StubOpenAIServer:
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client timed out and left
+
+            def _trickle(self, payload: dict[str, Any], interval: float) -> None:
+                data = json.dumps(payload).encode()
+                head = f"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+                try:
+                    for byte in head.encode() + data:
+                        self.wfile.write(bytes([byte]))
+                        time.sleep(interval)
+                except OSError:
+                    pass  # the client gave up
 
             def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
                 self._send(status, {"error": {"message": message, "type": "stub", "code": status}}, headers)
@@ -148,17 +171,20 @@ class StubOpenAIServer:
                 if isinstance(action, int):
                     self._error(action, f"scripted HTTP {action}", {"Retry-After": "0"} if action == 429 else None)
                     return
-                if isinstance(action, tuple) and action[0] == "slow":
-                    time.sleep(action[1])
+                kind, arg = action if isinstance(action, tuple) else (action, None)
+                if kind == "body":
+                    return self._send_bytes(200, arg)
+                if kind == "slow":
+                    time.sleep(arg)
                 if body.get("model") != server.model:
                     self._error(404, f"The model `{body.get('model')}` does not exist.")
                     return
-                logprobs = action != "no_logprobs"
-                if self.path == "/v1/completions":
-                    self._send(200, server._completions(body, logprobs))
-                elif self.path == "/v1/chat/completions":
-                    self._send(200, server._chat(body, logprobs))
-                else:
+                payload = server.answer(self.path, body, logprobs=kind != "no_logprobs")
+                if payload is None:
                     self._error(404, f"no route {self.path}")
+                elif kind == "trickle":
+                    self._trickle(payload, arg)
+                else:
+                    self._send(200, payload)
 
         return Handler

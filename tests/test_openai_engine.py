@@ -1,6 +1,13 @@
 """OpenAICompatEngine against a local stub server: both endpoints, id mapping, retries, errors, order, rollouts."""
 
+import copy
+import json
 import math
+import os
+import random
+import re
+import socket
+import threading
 import time
 
 import pytest
@@ -139,18 +146,203 @@ def test_retryable_errors_back_off_then_succeed(tokenizer, failures):
         assert all(g >= s * 0.9 for g, s in zip(gaps, slept))
 
 
-def test_timeouts_end_with_a_clear_error_after_the_retries(tokenizer):
+def test_a_timed_out_request_is_retried_once_then_reported(tokenizer):
     with StubOpenAIServer(tokenizer) as server:
-        server.script.extend([("slow", 1.0)] * 3)
-        engine = _engine(server, tokenizer, timeout=0.2, max_retries=2)
-        with pytest.raises(RemoteEngineError, match=r"failed after 3 attempts \(last: timed out.*raise timeout="):
+        engine = _engine(server, tokenizer, timeout=0.5, max_retries=3)
+        server.script.append(("slow", 2.0))  # a loaded server: the retry gets through
+        assert engine.generate([_prompt(tokenizer, "go")], GREEDY)[0].stats["attempts"] == 2
+        server.script.extend([("slow", 2.0)] * 2)  # a server that is too slow for this timeout: a third try would be too
+        with pytest.raises(RemoteEngineError, match=r"no answer from http://\S+/v1/completions within 0.5 s after 2 attempts "
+                                                    r"\(\d+\.\d s in all;.*raise timeout= \(now 0.5s; turnrl eval --timeout\)"):
             engine.generate([_prompt(tokenizer, "go")], GREEDY)
-        assert len(server.requests) == 3
+        assert len(server.requests) == 4
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_hanging_server_is_reported_within_two_timeouts_and_leaves_nothing_behind(tokenizer):
+    """The kernel accepts the connections and takes the requests; nothing ever answers."""
+    with socket.create_server(("127.0.0.1", 0), backlog=16) as listener:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+        engine = OpenAICompatEngine(url, "m", tokenizer, timeout=0.5, backoff=0.01, concurrency=3)  # max_retries=4
+        threads, fds = threading.active_count(), _open_fds()
+        t0 = time.monotonic()
+        with pytest.raises(RemoteEngineError, match=r"no answer from .* within 0.5 s after 2 attempts"):
+            engine.generate([[1, 2, 3]] * 3, GREEDY)
+        elapsed = time.monotonic() - t0
+        assert 2 * 0.5 <= elapsed < 3 * (2 * 0.5 + 0.01)  # two timeouts and one backoff, not max_retries + 1 timeouts
+        # (threads and sockets of earlier tests' stub servers may still be winding down, hence <=)
+        assert not [t for t in threading.enumerate() if t.name.startswith("turnrl-openai")]
+        assert threading.active_count() <= threads and _open_fds() <= fds
+
+
+def test_a_trickling_server_hits_the_deadline_of_the_whole_response(tokenizer):
+    """One byte per 0.2 s (status line and headers included) never trips a per-read timeout; the deadline ends it."""
+    with StubOpenAIServer(tokenizer) as server:
+        server.script.append(("trickle", 0.2))
+        engine = _engine(server, tokenizer, timeout=1.0, max_retries=0)
+        t0 = time.monotonic()
+        with pytest.raises(RemoteEngineError, match=r"no answer from .* within 1 s after 1 attempt "):
+            engine.generate([_prompt(tokenizer, "go")], GREEDY)
+        assert 1.0 <= time.monotonic() - t0 < 3.0
+
+
+def test_a_steady_answer_within_the_deadline_is_read_in_full(tokenizer):
+    with StubOpenAIServer(tokenizer, reply=lambda p: "Left and then Down") as server:
+        server.script.append(("trickle", 0.0005))  # every read returns a byte or a few: the reader must assemble them
+        out = _engine(server, tokenizer, timeout=20.0).generate([_prompt(tokenizer, "go")], GREEDY)[0]
+        assert out.token_ids == _ids(tokenizer, "Left and then Down") and out.stats["attempts"] == 1
+
+
+_DROP = object()
+
+
+def _parent(reply, keys):
+    """The container holding the field at ``keys`` (dict keys and list indices), and that field's key."""
+    *parents, last = keys
+    for key in parents:
+        reply = reply[key]
+    return reply, last
+
+
+def _keys(path: str) -> list:
+    return [int(k) if k.isdigit() else k for k in path.split(".")]
+
+
+def _with(path: str, value):
+    """An edit of a valid reply: the field at a dotted ``path`` (list indices as numbers) set to ``value`` or dropped."""
+
+    def edit(reply: dict) -> bytes:
+        node, key = _parent(reply, _keys(path))
+        if value is _DROP:
+            del node[key]
+        else:
+            node[key] = value
+        return json.dumps(reply).encode()
+
+    return edit
+
+
+def _short(path: str):
+    """An edit of a valid reply: the list at a dotted ``path`` loses its last item."""
+
+    def edit(reply: dict) -> bytes:
+        node, key = _parent(reply, _keys(path))
+        node[key] = node[key][:-1]
+        return json.dumps(reply).encode()
+
+    return edit
+
+
+WRONG_SHAPES = [
+    ("completions", lambda r: b"[1, 2]", r"the reply should be a JSON object, got \[1, 2\]"),
+    ("completions", lambda r: b"<html>Bad gateway</html>", r"not JSON: b'<html>Bad gateway</html>'"),
+    ("completions", lambda r: b"\xff\xfe{", r"not JSON"),
+    ("completions", lambda r: b"[" * 100_000, r"not JSON"),
+    ("completions", _with("choices", _DROP), r"choices should be a non-empty list, got None"),
+    ("completions", _with("choices", []), r"choices should be a non-empty list, got \[\]"),
+    ("completions", _with("choices", {"0": {}}), r"choices should be a non-empty list"),
+    ("completions", _with("choices.0", 1), r"choices\[0\] should be an object, got 1"),
+    ("completions", _with("choices.0.text", 5), r"choices\[0\]\.text should be a string, got 5"),
+    ("completions", _with("choices.0.text", _DROP), r"choices\[0\]\.text should be a string, got None"),
+    ("completions", _with("choices.0.finish_reason", ["stop"]), r"choices\[0\]\.finish_reason should be a string or null"),
+    ("completions", _with("choices.0.logprobs", "x"), r"choices\[0\]\.logprobs should be an object or null, got 'x'"),
+    ("completions", _with("choices.0.logprobs.tokens", 5), r"logprobs\.tokens should be a list, got 5"),
+    ("completions", _with("choices.0.logprobs.tokens.0", 7), r"logprobs\.tokens\[0\] should be a string, got 7"),
+    ("completions", _with("choices.0.logprobs.token_logprobs.0", "x"), r"token_logprobs\[0\] should be a log-probability"),
+    ("completions", _with("choices.0.logprobs.token_logprobs.0", 3.5), r"token_logprobs\[0\] should be a log-probability"),
+    ("completions", _short("choices.0.logprobs.token_logprobs"), r"token_logprobs should be as long as tokens \(1\), got 0"),
+    ("completions", _with("choices.0.logprobs.tokens.0", "token_id:abc"), r"tokens\[0\] should be 'token_id:N' with N in 0\.\.49151"),
+    ("completions", _with("choices.0.logprobs.tokens.0", "token_id:99999999"), r"tokens\[0\] should be 'token_id:N' with N in"),
+    ("completions", _with("usage", "lots"), r"usage should be an object or null, got 'lots'"),
+    ("completions", _with("usage", {"prompt_tokens": -1}), r"usage\.prompt_tokens should be a count"),
+    ("chat", _with("choices.0.message", _DROP), r"choices\[0\]\.message should be an object, got None"),
+    ("chat", _with("choices.0.message", "hi"), r"choices\[0\]\.message should be an object, got 'hi'"),
+    ("chat", _with("choices.0.message.content", 3), r"message\.content should be a string or null, got 3"),
+    ("chat", _with("choices.0.logprobs.content", "x"), r"logprobs\.content should be a list or null, got 'x'"),
+    ("chat", _with("choices.0.logprobs.content.0", 3), r"logprobs\.content\[0\] should be an object, got 3"),
+    ("chat", _with("choices.0.logprobs.content.0.token", None), r"content\[0\]\.token should be a string"),
+    ("chat", _with("choices.0.logprobs.content.0.logprob", "x"), r"content\[0\]\.logprob should be a log-probability"),
+    ("chat", _with("choices.0.logprobs.content.0.bytes", [300]), r"content\[0\]\.bytes should be a list of byte values"),
+]
+
+
+@pytest.mark.parametrize("endpoint,edit,pattern", WRONG_SHAPES, ids=[f"{e}-{i}" for i, (e, _, _) in enumerate(WRONG_SHAPES)])
+def test_a_wrong_shape_reply_names_the_server_and_the_field(tokenizer, endpoint, edit, pattern):
+    with StubOpenAIServer(tokenizer) as server:
+        engine = _engine(server, tokenizer, endpoint=endpoint, require_logprobs=False)
+        prompt = _prompt(tokenizer, "go")
+        engine.generate([prompt], GREEDY)
+        server.script.append(("body", edit(server.answer(f"/v1/{_PATHS[endpoint]}", server.requests[-1]))))
+        with pytest.raises(RemoteEngineError) as info:
+            engine.generate([prompt], GREEDY)
+        message = str(info.value)
+        assert type(info.value) is RemoteEngineError and "\n" not in message
+        assert message.startswith(f"{server.url}/{_PATHS[endpoint]} ") and re.search(pattern, message), message
+        assert len(server.requests) == 2  # a malformed reply is not retried
+
+
+_PATHS = {"completions": "completions", "chat": "chat/completions"}
+_JUNK = [None, 0, -1, 2.5, math.nan, True, "", "x", "token_id:", "token_id:-3", [], [None], {}, {"a": 1}, [1, "a"], 10**30]
+
+
+def _paths(node, path=()):
+    yield path
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in children:
+        yield from _paths(child, (*path, key))
+
+
+def _corrupt(rng: random.Random, reply: dict) -> bytes:
+    """One seeded corruption of a valid reply: a field replaced by junk, dropped or wrapped, or the bytes cut or random."""
+    kind = rng.choice(["junk", "junk", "junk", "drop", "wrap", "cut", "noise"])
+    data = json.dumps(reply).encode()
+    if kind == "cut":
+        return data[: rng.randrange(len(data))]
+    if kind == "noise":
+        return bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40)))
+    tree = copy.deepcopy(reply)
+    node, key = _parent(tree, rng.choice(list(_paths(tree))[1:]))
+    if kind == "drop":
+        del node[key]
+    else:
+        node[key] = [node[key]] if kind == "wrap" else rng.choice(_JUNK)
+    return json.dumps(tree).encode()
+
+
+@pytest.mark.parametrize("endpoint,vllm_extensions", [("completions", True), ("completions", False), ("chat", True), ("chat", False)])
+def test_fuzzed_replies_raise_only_remote_engine_error(tokenizer, endpoint, vllm_extensions):
+    rng = random.Random(f"{endpoint}-{vllm_extensions}")
+    outcomes = {"ok": 0, "error": 0}
+    with StubOpenAIServer(tokenizer, reply=lambda p: "Left and then Down") as server:
+        engines = [_engine(server, tokenizer, endpoint=endpoint, vllm_extensions=vllm_extensions, max_retries=0,
+                           require_logprobs=require) for require in (True, False)]
+        prompt = _prompt(tokenizer, "go")
+        engines[0].generate([prompt], GREEDY)
+        valid = server.answer(f"/v1/{_PATHS[endpoint]}", server.requests[-1])
+        for case in range(150):
+            body = _corrupt(rng, valid)
+            server.script.append(("body", body))
+            try:
+                out = engines[case % 2].generate([prompt], GREEDY)[0]
+            except RemoteEngineError as e:
+                assert "\n" not in str(e) and str(e).startswith(server.url), str(e)
+                outcomes["error"] += 1
+            except Exception as e:  # anything else is the defect this test looks for
+                pytest.fail(f"case {case}: {type(e).__name__}: {e} for the reply {body[:300]!r}")
+            else:
+                assert all(type(t) is int for t in out.token_ids) and len(out.logprobs) == len(out.token_ids)
+                assert all(type(x) is float for x in out.logprobs)
+                outcomes["ok"] += 1
+    assert outcomes["error"] >= 75, outcomes  # the corruptions bite
 
 
 def test_unreachable_server_is_retried_then_named(tokenizer):
     engine = OpenAICompatEngine("http://127.0.0.1:9", "m", tokenizer, max_retries=1, backoff=0.01, timeout=1.0)
-    with pytest.raises(RemoteEngineError, match="failed after 2 attempts.*Check that the server is up"):
+    with pytest.raises(RemoteEngineError, match=r"failed after 2 attempts in \d+\.\d s \(last: ConnectionRefusedError.*"
+                                                r"Check that the server is up.*raise timeout= \(now 1s\) / max_retries= \(now 1\)"):
         engine.generate([[1, 2, 3]], GREEDY)
 
 

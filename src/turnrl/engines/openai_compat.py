@@ -38,14 +38,22 @@ completed a stop string are kept). Stop token ids are also enforced here: the co
 first one. A server that does not return its end-of-sequence token leaves it out of ``token_ids``.
 
 Network behaviour: each prompt is one request; a batch runs on a thread pool of ``concurrency`` workers
-and comes back in input order. Connection errors, timeouts, HTTP 429 and 5xx are retried up to
-``max_retries`` times with exponential backoff and jitter (``Retry-After`` is honoured up to
-``max_backoff``); other 4xx errors are not retried and end with a message naming the fix.
+and comes back in input order. ``timeout`` is a deadline for a whole attempt (connect, send, status line,
+headers and body), not a limit per socket read, so a server that trickles bytes cannot hold a call longer
+than a silent one. Connection errors, HTTP 429 and 5xx are retried up to ``max_retries`` times with
+exponential backoff and jitter (``Retry-After`` is honoured up to ``max_backoff``); a request that timed
+out is sent twice at most; other 4xx errors are not retried and end with a message naming the fix.
+:class:`OpenAICompatEngine` states the resulting bound on the time to give up.
+
+Every reply is checked against the shape the OpenAI API specifies (:mod:`turnrl.engines.openai_reply`);
+one that breaks it raises :class:`RemoteEngineError` naming the server, the field and what was expected,
+and is not retried.
 """
 
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import math
 import os
@@ -60,6 +68,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from turnrl.engines.base import Completion, SamplingParams, SeedStreamState
+from turnrl.engines.openai_reply import Choice, MalformedReply, read_reply
 
 
 class RemoteEngineError(RuntimeError):
@@ -74,7 +83,8 @@ class NotTrainableError(RemoteEngineError):
     """Training tried to update the weights of a remote server."""
 
 
-_RETRYABLE_NETWORK = (urllib.error.URLError, TimeoutError, socket.timeout, ConnectionError, http.client.HTTPException)
+_RETRYABLE_NETWORK = (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException)
+_TIMED_OUT_ATTEMPTS = 2  # a request that timed out this often is not sent again (see OpenAICompatEngine)
 
 
 def chatml_messages(text: str) -> list[dict[str, str]]:
@@ -112,6 +122,20 @@ class OpenAICompatEngine(SeedStreamState):
     neither is set, which is what a local vLLM server expects). ``seed`` seeds the per-request ``seed``
     field, drawn in input order, so a rerun sends the same seeds (servers that honour it, like vLLM,
     then sample the same tokens).
+
+    Time to give up. Each attempt must deliver its whole response within ``timeout`` seconds (over HTTPS, a
+    TCP connect and a TLS handshake that both stall can take up to twice that). Connection errors, HTTP 429
+    and 5xx are retried up to ``max_retries`` times; before retry ``k`` (from 0) the engine waits at most
+    ``min(max_backoff, backoff * 2**k)``. A timed-out request is sent twice at most: a loaded server gets a
+    second chance, but the same request under the same deadline would most likely time out a third time too
+    (a slow server needs a larger ``timeout``). So one request fails within
+
+        (max_retries + 1) * timeout + sum(min(max_backoff, backoff * 2**k) for k < max_retries)
+
+    seconds (defaults: 5 * 60 + 7.5 = 307.5 s, only if every attempt fails just before its deadline), and a
+    server that accepts connections but never answers is reported within ``2 * timeout + backoff``
+    (defaults: 120.5 s). The error states the time taken and which of ``timeout=`` / ``max_retries=`` to
+    raise. A batch runs ``concurrency`` requests at once and fails at its first failed request, in input order.
     """
 
     trainable = False
@@ -204,10 +228,13 @@ class OpenAICompatEngine(SeedStreamState):
         path = "/chat/completions" if self.endpoint == "chat" else "/completions"
         data, attempts = self._post(path, body)
         try:
-            choice = data["choices"][0]
-        except (KeyError, IndexError, TypeError):
-            raise RemoteEngineError(f"{self.base_url}{path} returned no choices: {str(data)[:300]}") from None
-        comp = self._parse_choice(choice, params)
+            choice = read_reply(data, self.endpoint, len(self.tokenizer))
+        except MalformedReply as e:
+            raise RemoteEngineError(
+                f"{self.base_url}{path} sent a reply that does not follow the OpenAI API: {e}; check that --base-url "
+                "is an OpenAI-compatible server (vLLM, SGLang, ...)"
+            ) from None
+        comp = self._completion(choice, params)
         comp.stats.update(attempts=attempts, latency_s=time.perf_counter() - t0)
         return comp
 
@@ -246,38 +273,28 @@ class OpenAICompatEngine(SeedStreamState):
         body.update(self.extra_body)
         return body
 
-    def _parse_choice(self, choice: dict[str, Any], params: SamplingParams) -> Completion:
-        raw_finish = choice.get("finish_reason")
-        finish = "length" if raw_finish == "length" else "stop"
-        lp = choice.get("logprobs") or {}
-        if self.endpoint == "chat":
-            text = (choice.get("message") or {}).get("content") or ""
-            content = lp.get("content") if isinstance(lp, dict) else None
-            pieces = [c.get("token", "") for c in content] if content else None
-            piece_bytes = [c.get("bytes") for c in content] if content else None
-            logprobs = [c.get("logprob") for c in content] if content else None
-        else:
-            text = choice.get("text") or ""
-            pieces = lp.get("tokens") if isinstance(lp, dict) else None
-            piece_bytes = None
-            logprobs = lp.get("token_logprobs") if isinstance(lp, dict) else None
-
+    def _completion(self, choice: Choice, params: SamplingParams) -> Completion:
+        finish = "length" if choice.finish_reason == "length" else "stop"
         ids, how = None, "retokenized"
-        if pieces is not None and logprobs is not None and len(pieces) == len(logprobs) and None not in logprobs:
-            ids, how = self._pieces_to_ids(pieces, piece_bytes)
+        if choice.logprobs is not None and None not in choice.logprobs:
+            if choice.server_ids is not None:
+                ids, how = choice.server_ids, "server"
+            else:
+                ids, how = self._lookup_ids(choice.pieces, choice.piece_bytes)
         if ids is None:
             if self.require_logprobs:
-                raise NoLogprobsError(self._no_logprobs_message(pieces is not None and logprobs is not None))
-            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+                raise NoLogprobsError(self._no_logprobs_message(choice.pieces is not None))
+            ids = list(self.tokenizer(choice.text, add_special_tokens=False)["input_ids"])
             logprobs = [math.nan] * len(ids)
             how = "retokenized"
-        logprobs = [float(x) for x in logprobs]
+        else:
+            logprobs = [float(x) for x in choice.logprobs]
         for i, t in enumerate(ids):  # enforce stop token ids here too (servers without stop_token_ids)
             if t in params.stop_token_ids:
                 ids, logprobs, finish = ids[: i + 1], logprobs[: i + 1], "stop"
                 break
         return Completion(ids, logprobs, finish, version=self.version,
-                          stats={"ids": how, "server_finish_reason": raw_finish})
+                          stats={"ids": how, "server_finish_reason": choice.finish_reason})
 
     def _no_logprobs_message(self, got_tokens: bool) -> str:
         if got_tokens:
@@ -290,12 +307,10 @@ class OpenAICompatEngine(SeedStreamState):
                 "some models) or enable them on the server; for evaluation only pass require_logprobs=False")
 
     # ---- token mapping ------------------------------------------------------------------------
-    def _pieces_to_ids(self, pieces: Sequence[str], piece_bytes: Sequence[Any] | None) -> tuple[list[int] | None, str]:
-        if pieces and all(isinstance(p, str) and p.startswith("token_id:") for p in pieces):
-            try:
-                return [int(p[len("token_id:") :]) for p in pieces], "server"
-            except ValueError:
-                return None, "retokenized"
+    def _lookup_ids(self, pieces: Sequence[str],
+                    piece_bytes: Sequence[list[int] | None] | None) -> tuple[list[int] | None, str]:
+        """Each returned piece (its bytes, where given) looked up in the vocabulary; None if one is missing or
+        ambiguous."""
         table = self._pieces()
         ids = []
         for i, p in enumerate(pieces):
@@ -325,38 +340,52 @@ class OpenAICompatEngine(SeedStreamState):
             h["Authorization"] = f"Bearer {self.api_key}"
         return h
 
-    def _post(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        """POST JSON with retries; returns ``(response json, attempts used)``."""
+    def _post(self, path: str, body: dict[str, Any]) -> tuple[Any, int]:
+        """POST JSON with the retries of the class docstring; returns ``(decoded reply, attempts used)``."""
         url = self.base_url + path
         payload = json.dumps(body).encode()
-        last = ""
-        for attempt in range(self.max_retries + 1):
+        start, timeouts, last = time.monotonic(), 0, ""
+        for attempt in range(1, self.max_retries + 2):
             retry_after = None
             try:
-                req = urllib.request.Request(url, data=payload, headers=self._headers(), method="POST")
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    raw = resp.read()
-                try:
-                    return json.loads(raw), attempt + 1
-                except json.JSONDecodeError:
-                    raise RemoteEngineError(f"{url} answered with something that is not JSON: {raw[:200]!r}; "
-                                            "is --base-url an OpenAI-compatible server (ending in /v1)?") from None
+                return self._attempt(url, payload), attempt
             except urllib.error.HTTPError as e:
                 msg = _error_message(e)
-                if e.code == 429 or e.code >= 500:
-                    last = f"HTTP {e.code}: {msg}"
-                    retry_after = _retry_after(e.headers.get("Retry-After") if e.headers else None)
-                else:
+                if e.code != 429 and e.code < 500:
                     raise self._client_error(e.code, msg, url) from None
+                last = f"HTTP {e.code}: {msg}"
+                retry_after = _retry_after(e.headers.get("Retry-After") if e.headers else None)
             except _RETRYABLE_NETWORK as e:
                 reason = getattr(e, "reason", e)
-                kind = "timed out" if isinstance(reason, (TimeoutError, socket.timeout)) else "failed"
-                last = f"{kind}: {type(reason).__name__}: {reason}"
-            if attempt < self.max_retries:
-                self._sleep(self._delay(attempt, retry_after))
+                if isinstance(reason, TimeoutError):
+                    timeouts += 1
+                    if timeouts == _TIMED_OUT_ATTEMPTS or attempt > self.max_retries:
+                        raise self._no_answer(url, attempt, time.monotonic() - start) from None
+                last = f"{type(reason).__name__}: {reason}"
+            if attempt <= self.max_retries:
+                self._sleep(self._delay(attempt - 1, retry_after))
         raise RemoteEngineError(
-            f"request to {url} failed after {self.max_retries + 1} attempts (last: {last}). Check that the server is "
-            f"up and reachable, or raise timeout= (now {self.timeout:g}s) / max_retries= (now {self.max_retries})"
+            f"request to {url} failed after {self.max_retries + 1} attempts in {time.monotonic() - start:.1f} s (last: "
+            f"{last}). Check that the server is up and reachable, or raise timeout= (now {self.timeout:g}s) / "
+            f"max_retries= (now {self.max_retries}) (turnrl eval --timeout / --max-retries)"
+        )
+
+    def _attempt(self, url: str, payload: bytes) -> Any:
+        """One POST whose whole response must arrive within ``timeout`` s; returns the decoded JSON."""
+        req = urllib.request.Request(url, data=payload, headers=self._headers(), method="POST")
+        with _OPENER.open(req, timeout=self.timeout) as resp:
+            raw = resp.read()
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
+            raise RemoteEngineError(f"{url} answered with something that is not JSON: {raw[:200]!r}; "
+                                    "is --base-url an OpenAI-compatible server (ending in /v1)?") from None
+
+    def _no_answer(self, url: str, attempts: int, elapsed: float) -> RemoteEngineError:
+        return RemoteEngineError(
+            f"no answer from {url} within {self.timeout:g} s after {attempts} attempt{'s' if attempts > 1 else ''} "
+            f"({elapsed:.1f} s in all; a timed-out request is sent twice at most). Check that the server is up; if it "
+            f"is only slow, raise timeout= (now {self.timeout:g}s; turnrl eval --timeout)"
         )
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
@@ -383,7 +412,7 @@ class OpenAICompatEngine(SeedStreamState):
         """Model ids from ``GET /models`` (one attempt; empty on any failure)."""
         try:
             req = urllib.request.Request(self.base_url + "/models", headers=self._headers(), method="GET")
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with _OPENER.open(req, timeout=self.timeout) as resp:
                 return [str(m["id"]) for m in json.loads(resp.read()).get("data", [])]
         except Exception:
             return []
@@ -394,17 +423,22 @@ def _error_message(e: urllib.error.HTTPError) -> str:
     try:
         raw = e.read().decode("utf-8", errors="replace")
     except Exception:
-        return e.reason if isinstance(e.reason, str) else str(e)
+        return _one_line(e.reason if isinstance(e.reason, str) else str(e))
     try:
         data = json.loads(raw)
         err = data.get("error", data) if isinstance(data, dict) else data
         if isinstance(err, dict) and "message" in err:
-            return str(err["message"])
+            return _one_line(str(err["message"]))
         if isinstance(data, dict) and "detail" in data:
-            return str(data["detail"])
-    except json.JSONDecodeError:
+            return _one_line(str(data["detail"]))
+    except (ValueError, RecursionError):
         pass
-    return raw.strip()[:300] or str(e.reason)
+    return _one_line(raw) or str(e.reason)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """``text`` with its whitespace runs (newlines of an HTML error page, say) collapsed, cut at ``limit``."""
+    return " ".join(text.split())[:limit]
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -414,3 +448,83 @@ def _retry_after(value: str | None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         return None  # an HTTP date: ignore, use our own backoff
+
+
+# ---- the deadline of one attempt ------------------------------------------------------------------
+def _time_left(deadline: float) -> float:
+    """Seconds until ``deadline`` (``time.monotonic()`` time); ``TimeoutError`` once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the deadline passed")
+    return left
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reader that gives every read only the time left before ``deadline``, not a fresh timeout."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock, self._raw, self._deadline = sock, sock.makefile("rb", buffering=0), deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int | None:
+        self._sock.settimeout(_time_left(self._deadline))
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()  # releases the socket (http.client closes it once its files are closed)
+        super().close()
+
+
+class _DeadlineSocket:
+    """What :class:`http.client.HTTPResponse` sees of the socket: its one file reads under the deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock, self._deadline = sock, deadline
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+
+class _DeadlineHTTPConnection(http.client.HTTPConnection):
+    """An HTTP connection whose ``timeout`` is one deadline for everything after it is made: connecting,
+    sending, and reading the status line, headers and body. http.client applies ``timeout`` to each socket
+    operation, so a server sending a byte a second would never trip it. (Over HTTPS the TLS handshake, which
+    http.client runs inside ``connect``, gets the time that was left when connecting began.)"""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = time.monotonic() + self.timeout
+
+    def connect(self) -> None:
+        self.timeout = _time_left(self._deadline)
+        super().connect()
+
+    def send(self, data) -> None:
+        if self.sock is not None:
+            self.sock.settimeout(_time_left(self._deadline))
+        super().send(data)
+
+    def response_class(self, sock: socket.socket, *args, **kwargs) -> http.client.HTTPResponse:
+        """http.client builds each response (and a proxy tunnel's) with ``self.response_class(sock, ...)``."""
+        return http.client.HTTPResponse(_DeadlineSocket(sock, self._deadline), *args, **kwargs)
+
+
+class _DeadlineHTTPSConnection(_DeadlineHTTPConnection, http.client.HTTPSConnection):
+    """:class:`_DeadlineHTTPConnection` over TLS."""
+
+
+class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_DeadlineHTTPConnection, req)
+
+
+class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_DeadlineHTTPSConnection, req, context=self._context)
+
+
+# urllib's default handlers (proxies from the environment, redirects, HTTP errors) with deadline connections
+_OPENER = urllib.request.build_opener(_DeadlineHTTPHandler, _DeadlineHTTPSHandler)
