@@ -1,22 +1,41 @@
-"""The sandbox denies or stops hostile code within seconds, leaves the host unaffected, and never raises for it."""
+"""The sandbox denies or stops hostile code within seconds, leaves the host unaffected, and never raises for it.
 
+As root each run gets a fresh uid; otherwise it runs as the caller's. Either way
+``test_an_unprivileged_user_gets_the_same_isolation`` runs the sandbox as a non-root user. The syscall probes run
+unconfined first, to show each call works on this machine outside the sandbox.
+"""
+
+import errno
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import pyseccomp
 import pytest
 
+from turnrl.envs import sandbox
 from turnrl.envs.sandbox import UID_BASE, Limits, SandboxUnavailable, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = Limits(cpu_seconds=1, wall_seconds=3.0)
+FORK_SIX = (  # forks sleeping children until the process limit refuses one, then prints how many it started
+    "import os, time\nkids = 0\n"
+    "for _ in range(50):\n    try:\n        pid = os.fork()\n    except OSError:\n        break\n"
+    "    if pid == 0:\n        time.sleep(5); os._exit(0)\n    kids += 1\nprint(kids)\n"
+)
+DETACHED = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\nprint('parent done')\n"
 
 
-def _processes_of(uid: int) -> list[int]:
-    """Host pids of processes running as ``uid``, polled for up to 2 s (the kernel reaps a dead namespace quickly)."""
+def _sandboxed_processes_of(uid: int) -> list[int]:
+    """Host pids of processes running as ``uid`` in another PID namespace than ours (a sandbox's), polled for up to
+    2 s (the kernel reaps a dead namespace quickly)."""
+    ours = os.readlink("/proc/self/ns/pid")
     deadline = time.monotonic() + 2.0
     while True:
         pids = []
@@ -24,9 +43,10 @@ def _processes_of(uid: int) -> list[int]:
             if entry.isdigit():
                 try:
                     uid_line = next(line for line in open(f"/proc/{entry}/status") if line.startswith("Uid:"))
+                    namespace = os.readlink(f"/proc/{entry}/ns/pid")
                 except (OSError, StopIteration):
                     continue
-                if int(uid_line.split()[1]) == uid:
+                if int(uid_line.split()[1]) == uid and namespace != ours:
                     pids.append(int(entry))
         if not pids or time.monotonic() > deadline:
             return pids
@@ -119,26 +139,20 @@ def test_fork_bomb_is_contained_and_everything_dies_with_the_run():
     code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     r = run_python(code, limits=Limits(cpu_seconds=2, wall_seconds=2.0, max_processes=8))
     assert r.killed_by in ("wall", "cpu") and r.duration < 6  # 2 s, plus slack for a loaded machine
-    assert r.uid >= UID_BASE and _processes_of(r.uid) == []  # no process of the run survives it
+    assert _sandboxed_processes_of(r.uid) == []  # no process of the run survives it
     assert subprocess.run(["true"]).returncode == 0  # the host can still fork
 
 
 def test_processes_beyond_the_limit_cannot_be_started():
-    code = (
-        "import os, time\nkids = 0\n"
-        "for _ in range(50):\n    try:\n        pid = os.fork()\n    except OSError:\n        break\n"
-        "    if pid == 0:\n        time.sleep(5); os._exit(0)\n    kids += 1\nprint(kids)\n"
-    )
-    r = run_python(code, limits=Limits(max_processes=6, wall_seconds=3.0))
+    r = run_python(FORK_SIX, limits=Limits(max_processes=6, wall_seconds=3.0))
     assert r.ok and int(r.stdout) == 5  # the worker itself is the sixth process
-    assert _processes_of(r.uid) == []  # the sleeping children died with the namespace  # the sleeping children died with the namespace
+    assert _sandboxed_processes_of(r.uid) == []  # the sleeping children died with the namespace
 
 
 def test_detached_children_do_not_outlive_the_run():
-    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\nprint('parent done')\n"
-    r = run_python(code, limits=FAST)
+    r = run_python(DETACHED, limits=FAST)
     assert r.ok and r.stdout == "parent done\n" and r.duration < 5
-    assert _processes_of(r.uid) == []
+    assert _sandboxed_processes_of(r.uid) == []
 
 
 def test_output_floods_are_capped():
@@ -164,7 +178,9 @@ def test_no_privileges_to_regain():
     )
     r = run_python(code, limits=FAST)
     uid, gid, groups = r.stdout.split("\n")[0].split(" ", 2)
-    assert int(uid) >= UID_BASE and int(gid) >= UID_BASE and groups == "[]"
+    assert int(uid) == r.uid != 0
+    if os.geteuid() == 0:  # a fresh uid of its own, with no groups (without root it is the caller's uid)
+        assert r.uid >= UID_BASE and int(gid) == r.uid and groups == "[]"
     assert "setuid denied" in r.stdout and "chroot denied" in r.stdout and "no proc" in r.stdout
 
 
@@ -179,7 +195,7 @@ def test_concurrent_runs_are_isolated_from_each_other():
         uid, seen, listing = r.stdout.split(" ", 2)
         assert uid == seen and listing.strip() == "['mine']"
         uids.add(uid)
-    assert len(uids) == 3
+    assert len(uids) == (3 if os.geteuid() == 0 else 1)  # as root, each run has a uid of its own
 
 
 def test_unsafe_file_names_and_bad_limits_are_rejected():
@@ -191,10 +207,193 @@ def test_unsafe_file_names_and_bad_limits_are_rejected():
         Limits(cpu_seconds=0)
 
 
-def test_without_root_it_refuses_instead_of_running_unprotected(monkeypatch):
-    monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(SandboxUnavailable, match="needs root"):
+def test_without_bubblewrap_it_refuses_instead_of_running_unprotected(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+    with pytest.raises(SandboxUnavailable, match="bubblewrap, which is not installed; install bubblewrap: `apt-get install bubblewrap`"):
         run_python("print(1)")
+
+
+def test_a_sandbox_that_cannot_be_set_up_is_an_error_not_an_unprotected_run(monkeypatch, tmp_path):
+    fake = tmp_path / "bwrap"  # what bubblewrap says where user namespaces are disabled
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create a new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(SandboxUnavailable, match="could not set up the sandbox: bwrap: No permissions to create a new namespace"):
+        run_python("print(1)")
+
+
+def test_no_descriptor_of_the_host_reaches_the_code():
+    r = run_python("import os\nopen_fds = []\nfor fd in range(3, 1024):\n    try:\n        os.fstat(fd)\n"
+                   "        open_fds.append(fd)\n    except OSError:\n        pass\nprint(open_fds)", files={"a.txt": "x", "b/c.txt": "y"})
+    assert r.ok and r.stdout == "[]\n"
+
+
+# ---- the syscall filter ---------------------------------------------------------------------------------------
+
+SYSCALL_PROBES = r"""
+import ctypes, json, os, signal, socket, struct
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+def call(nr, *args):  # errno of a raw syscall, 0 if it succeeded (a returned fd is closed)
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[a if isinstance(a, ctypes.Array) else ctypes.c_long(a) for a in args])
+    if r < 0:
+        return ctypes.get_errno()
+    if nr in (298, 323, 425):
+        os.close(r)
+    return 0
+
+def ptrace_attach():  # attach to our own child, as a debugger would
+    child = os.fork()
+    if child == 0:
+        signal.pause()
+        os._exit(0)
+    try:
+        return call(101, 16, child, 0, 0)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+def perf_event_open():  # a software CPU clock on ourselves, user space only (allowed at perf_event_paranoid 2)
+    attr = ctypes.create_string_buffer(128)
+    struct.pack_into("IIQ", attr, 0, 1, 128, 0)
+    struct.pack_into("Q", attr, 40, 1 | 1 << 5 | 1 << 6)
+    return call(298, attr, 0, -1, -1, 0)
+
+def netlink_socket():
+    try:
+        socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close()
+        return 0
+    except OSError as e:
+        return e.errno
+
+print(json.dumps({
+    "ptrace": ptrace_attach(),
+    "unshare": call(272, 0x10000000),  # a new user namespace for this process
+    "keyctl": call(250, 0, -3, 1),  # the session keyring's id
+    "io_uring_setup": call(425, 1, ctypes.create_string_buffer(120)),
+    "userfaultfd": call(323, 1),  # user-mode-only faults, allowed without privileges
+    "perf_event_open": perf_event_open(),
+    "personality": call(135, 0x0040000),  # ADDR_NO_RANDOMIZE: turn address randomisation off
+    "netlink_socket": netlink_socket(),
+}))
+"""
+"""Syscalls an unprivileged process may make on this kernel (each prints errno 0 unconfined) and the filter refuses."""
+
+
+def test_syscalls_an_unprivileged_process_may_make_are_refused_in_the_sandbox():
+    outside = subprocess.run([sys.executable, "-c", SYSCALL_PROBES], capture_output=True, text=True, timeout=30)
+    unconfined = json.loads(outside.stdout)
+    assert set(unconfined.values()) == {0}, unconfined  # every probe works on this machine outside the sandbox
+    r = run_python(SYSCALL_PROBES, limits=FAST)
+    assert r.ok, r.stderr
+    confined = json.loads(r.stdout)
+    assert confined == {**{name: errno.EPERM for name in unconfined}, "netlink_socket": errno.EAFNOSUPPORT}
+
+
+def test_namespace_mount_bpf_and_raw_socket_calls_fail_and_threads_still_work():
+    code = (
+        "import ctypes, os, socket, threading\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "def err(r):\n    return 0 if r >= 0 else ctypes.get_errno()\n"
+        "print(err(libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)))\n"  # clone(CLONE_NEWUSER | SIGCHLD)
+        "print(err(libc.syscall(56, 0x20000000 | 17, 0, 0, 0, 0)))\n"  # clone(CLONE_NEWPID | SIGCHLD)
+        "print(err(libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)))\n"
+        "print(err(libc.syscall(321, 0, None, 0)))\n"  # bpf(BPF_MAP_CREATE)
+        "print(err(libc.syscall(435, None, 0)))\n"  # clone3: ENOSYS, so libc falls back to clone
+        "try:\n    socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)\nexcept OSError as e:\n    print(e.errno)\n"
+        "t = threading.Thread(target=print, args=('thread ran',))\nt.start(); t.join()\n"
+    )
+    r = run_python(code, limits=FAST)
+    assert r.ok, r.stderr
+    eperm, enosys, eafnosupport = errno.EPERM, errno.ENOSYS, errno.EAFNOSUPPORT
+    assert r.stdout.split("\n") == [str(eperm), str(eperm), str(eperm), str(eperm), str(enosys), str(eafnosupport), "thread ran", ""]
+
+
+I386_GETPID = (  # getpid through the 32-bit syscall table (int 0x80), which a filter written for x86-64 does not see
+    "import ctypes, mmap, os\n"
+    "page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+    "page.write(bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3]))\n"  # mov eax, 20; int 0x80; ret
+    "getpid = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))\n"
+    "print(getpid() == os.getpid())\n"
+)
+X32_GETPID = "import ctypes\nprint(ctypes.CDLL(None).syscall(0x40000000 | 39))\n"  # getpid through the x32 table
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the i386 and x32 syscall tables exist only on x86-64")
+def test_a_syscall_through_another_abi_kills_the_process():
+    outside = subprocess.run([sys.executable, "-c", I386_GETPID], capture_output=True, text=True, timeout=30)
+    assert outside.stdout == "True\n" or outside.returncode == -signal.SIGSEGV  # works here, or this kernel has no i386 table
+    for program in (I386_GETPID, X32_GETPID):
+        r = run_python(program, limits=FAST)
+        assert r.stdout == "" and r.signal == signal.SIGSYS and r.describe() == "killed by signal SIGSYS", (r.signal, r.stderr[-300:])
+
+
+# ---- without root ---------------------------------------------------------------------------------------------
+
+UNPRIVILEGED_RUNS = r"""
+import importlib.util, json, sys
+sys.path.insert(0, sys.argv[2])  # pyseccomp
+spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
+sandbox = sys.modules["sandbox"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sandbox)
+runs = {name: sandbox.run_python(code, limits=sandbox.Limits(**limits)) for name, (code, limits) in json.loads(sys.argv[3]).items()}
+print(json.dumps({name: {"stdout": r.stdout, "stderr": r.stderr[-300:], "exit_code": r.exit_code, "killed_by": r.killed_by,
+                         "uid": r.uid} for name, r in runs.items()}))
+"""
+"""Load sandbox.py by path (the package's other modules need torch, which another interpreter may not have), run each
+program of argv[3] (name -> [code, Limits keywords]) in it and print what each run did."""
+
+
+def _interpreter_for(uid: int) -> str:
+    """A Python that ``uid`` may execute: ours unless it lives in a private directory (e.g. root's pyenv), else the system's."""
+    for candidate in (os.path.realpath(sys._base_executable), shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")):
+        try:
+            if candidate and subprocess.run([candidate, "-c", "pass"], user=uid, group=uid, extra_groups=[]).returncode == 0:
+                return candidate
+        except PermissionError:
+            continue
+    pytest.fail(f"no Python interpreter that uid {uid} may run; install python3 (apt-get install python3) to test the non-root path")
+
+
+def test_an_unprivileged_user_gets_the_same_isolation():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    fast = {"cpu_seconds": 1, "wall_seconds": 3.0}
+    programs = {
+        "who": ("import os; print(os.getuid())", fast),
+        "etc": ("print(open('/etc/passwd').read())", fast),
+        "write": ("open('/usr/pwned', 'w')", fast),
+        "net": (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)", fast),
+        "cpu": ("while True:\n    pass", {"cpu_seconds": 1, "wall_seconds": 10.0}),  # 1 CPU second may take 3 s on a busy machine
+        "memory": ("b = bytearray(10 * 1024 ** 3)", fast),
+        "fork": (FORK_SIX, {"max_processes": 6, "wall_seconds": 3.0}),
+        "detached": (DETACHED, fast),
+        "syscalls": (SYSCALL_PROBES, fast),
+    }
+    root = os.geteuid() == 0  # then switch to a uid no other test run uses; else we are the unprivileged user
+    uid = 100_000 + os.getpid() % 100_000 if root else os.getuid()
+    argv = [_interpreter_for(uid) if root else sys.executable, "-I", "-c", UNPRIVILEGED_RUNS,
+            sandbox.__file__, os.path.dirname(pyseccomp.__file__), json.dumps(programs)]
+    as_user = {"user": uid, "group": uid, "extra_groups": []} if root else {}
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/", **as_user)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs = json.loads(done.stdout)
+        with pytest.raises(socket.timeout):
+            server.accept()  # nothing reached the host's server
+    finally:
+        server.close()
+    assert runs["who"]["stdout"] == f"{uid}\n" and {r["uid"] for r in runs.values()} == {uid}
+    assert "FileNotFoundError" in runs["etc"]["stderr"] and "Read-only file system" in runs["write"]["stderr"]
+    assert "ConnectionRefusedError" in runs["net"]["stderr"]
+    assert runs["cpu"]["killed_by"] == "cpu" and runs["memory"]["killed_by"] == "memory"
+    assert runs["fork"]["stdout"] == "5\n" and runs["detached"]["stdout"] == "parent done\n"
+    assert set(json.loads(runs["syscalls"]["stdout"]).values()) == {errno.EPERM, errno.EAFNOSUPPORT}
+    assert _sandboxed_processes_of(uid) == []  # the forked sleepers and the detached child died with their sandboxes
 
 
 # ---- the env that uses the sandbox: hostile submissions become error observations; the loop goes on --------
@@ -202,7 +401,7 @@ def test_without_root_it_refuses_instead_of_running_unprotected(monkeypatch):
 HOSTILE = [
     ("```python\nwhile True:\n    pass\n```", "limit exceeded"),  # CPU, or wall time on a busy machine
     ("```python\nprint(open('/etc/passwd').read())\n```", "FileNotFoundError"),
-    ("```python\nimport socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)\n```", "Network is unreachable"),
+    ("```python\nimport socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)\n```", "Connection refused"),
     ("```python\nimport os\nwhile True:\n    os.fork()\n```", "Error:"),
     ("```python\nx = bytearray(10 * 1024 ** 3)\n```", "MemoryError"),
 ]

@@ -3,59 +3,47 @@
     result = run_python("print(sum(range(10)))", limits=Limits(cpu_seconds=2))
     result.stdout == "45\\n" and result.ok
 
-Threat model. The code is adversarial or merely buggy output of a model being trained: it may try to read
-the host's files (``/etc/passwd``, the project's sources, credentials), write outside its directory, reach
-the network, exhaust CPU, memory, processes or disk, or hang. It runs as unprivileged code; it is *not*
-assumed to hold a Linux kernel exploit. What ``run_python`` does, per run (Linux only, needs root or
-CAP_SYS_ADMIN to create namespaces; it was verified as root in a Docker/Firecracker container):
+The isolation is bubblewrap's (``bwrap``, the sandbox Flatpak is built on) with a seccomp filter compiled by
+libseccomp (through ``pyseccomp``); this module writes bubblewrap's command line and reads back what happened.
+``docs/sandbox.md`` states the threat model in full (what is defended and what is not) and how to install
+bubblewrap. Each run gets:
 
-- **Namespaces** (``unshare(2)``): a new mount, network, PID, IPC and UTS namespace. The network
-  namespace has only a loopback interface that is down: no connection to the host's loopback services or
-  to anything else can be made (``connect`` fails with ``ENETUNREACH``). In the PID namespace the code
-  cannot see or signal host processes, and when the namespace's first process exits, the kernel kills
-  every process left in it (daemons, double forks, ``setsid`` children included).
-- **Filesystem**: the code is ``chroot``-ed into a fresh, size-limited ``tmpfs`` holding only read-only,
-  ``nosuid``/``nodev`` bind mounts of the Python runtime (``/usr``, ``/lib*`` and the interpreter's
-  ``sys.base_prefix``), four device nodes (``null``, ``zero``, ``random``, ``urandom``), a writable
-  ``/tmp`` and the writable working directory ``/work`` (a copy of ``files``). There is no ``/etc``,
-  ``/home``, ``/root`` (besides the interpreter's prefix when it lives there), ``/proc``, ``/sys`` or
-  project directory: ``open("/etc/passwd")`` and ``open("/work/main/pyproject.toml")`` raise
-  ``FileNotFoundError``. Everything the code writes lives in that ``tmpfs`` and vanishes with the run.
-- **Identity**: the code runs as a fresh unprivileged uid/gid (``UID_BASE`` + the launcher's host pid, so
-  concurrent runs never share one) with no supplementary groups, no capabilities and ``no_new_privs``
-  (setuid binaries cannot raise privileges). Hence ``chroot`` cannot be escaped and read-only mounts
-  cannot be remounted.
-- **Resource limits** (``setrlimit``): CPU seconds (``RLIMIT_CPU``: ``SIGXCPU``, then ``SIGKILL`` one second
-  later), address space (``RLIMIT_AS``: allocations fail with ``MemoryError``), processes (``RLIMIT_NPROC``
-  counted for the run's own uid, which is why the uid is fresh: as root the limit would not apply), file
-  size (``RLIMIT_FSIZE``), open files, no core dumps. The ``tmpfs`` size caps the disk the run can use.
-- **Wall time**: the parent kills the launcher's process group with ``SIGKILL`` after ``wall_seconds``;
-  the PID namespace then takes every other process of the run with it.
+- **Namespaces**: new mount, PID, network, IPC, UTS and cgroup namespaces (and, without root, a user
+  namespace). The network namespace holds only its own loopback interface: no host or outside address can
+  be reached. When the run's first process exits, the kernel kills every process left in its PID namespace.
+- **Filesystem**: a new root holding read-only binds of the Python runtime (``/usr``, the ``/lib*`` links
+  and the interpreter's ``sys.base_prefix``), four device nodes (``null``, ``zero``, ``random``,
+  ``urandom``) and two size-limited tmpfs mounts: ``/tmp`` and the working directory ``/work`` (a copy of
+  ``files`` and ``main.py``). No ``/etc``, ``/home``, ``/proc``, ``/sys`` or project directory.
+- **Identity**: as root, a fresh unprivileged uid per run (see :data:`UID_BASE`) with no groups; without
+  root, the caller's own uid inside a user namespace. No capabilities, ``no_new_privs``.
+- **Syscall filter** (seccomp, :data:`DENIED_SYSCALLS` and :func:`_seccomp_program`): namespace, mount,
+  ptrace, keyring, BPF, io_uring, perf, module and clock syscalls fail with ``EPERM``; sockets other than
+  Unix, IPv4 and IPv6 with ``EAFNOSUPPORT``; a syscall through another ABI (i386 ``int 0x80``, x32) kills
+  the process.
+- **Resource limits** (``setrlimit``): CPU seconds (``SIGXCPU``, ``SIGKILL`` one second later), address
+  space (allocations fail with ``MemoryError``), processes, file size, open files, no core dumps.
+- **Wall time**: the parent kills bubblewrap's process group after ``wall_seconds``; the sandbox dies with it.
 - **Output**: at most ``max_output_bytes`` of stdout and of stderr are kept (the rest is read and dropped).
 
-What is *not* protected: kernel vulnerabilities (there is no seccomp filter: every system call is
-available to the unprivileged uid); reads of the read-only runtime directories (``/usr``, the Python
-prefix with its installed packages); CPU contention with the host (the code gets up to
-``max_processes`` busy processes for up to ``wall_seconds``); timing side channels. Without root
-(or ``CAP_SYS_ADMIN``) or on another OS, :func:`run_python` raises :class:`SandboxUnavailable` instead
-of running the code unprotected.
+Inside, a small supervisor (:data:`_SUPERVISOR`) is the sandbox's PID 1: it starts the code under the
+limits (as root, after switching it to the run's uid) and reports its exit status, signal and CPU time.
 
 ``run_python`` never raises because of the code it runs: syntax errors, exceptions, crashes, limits and
-hangs all come back as a :class:`SandboxResult`.
-
-Implementation: the parent starts this file as a script (``python sandbox.py --launch CONFIG``) in a new
-session. That launcher unshares the namespaces and forks the namespace's first process, which builds the
-root, ``chroot``-s into it and forks the worker; the worker drops to the fresh uid, applies the limits
-and ``exec``-s the interpreter on ``/work/main.py``. The first process reports the worker's exit status
-and CPU time to the parent over a pipe. Only the standard library is imported, at the top of this file.
+hangs all come back as a :class:`SandboxResult`. When the machine cannot isolate code (not Linux, no
+bubblewrap, no user namespaces) it raises :class:`SandboxUnavailable` saying what to install; it never runs
+code unprotected.
 """
 
 from __future__ import annotations
 
-import ctypes
+import errno
+import functools
+import itertools
 import json
 import os
 import resource
+import select
 import shutil
 import signal
 import subprocess
@@ -67,21 +55,48 @@ from dataclasses import dataclass
 from typing import Literal
 
 UID_BASE = 200_000
-"""Sandboxed code runs as uid/gid ``UID_BASE + <launcher pid>``, a uid no host account uses."""
+"""As root, code runs as uid/gid ``UID_BASE + 256 * <caller pid> + <run counter mod 256>``: a uid no host account
+uses, distinct for every run in flight on the host (up to 256 at once per calling process)."""
 
 KilledBy = Literal["cpu", "memory", "wall"]
 
-_CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-_CLONE_NEWPID, _CLONE_NEWNET = 0x20000000, 0x40000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-_PR_SET_NO_NEW_PRIVS = 38
+DENIED_SYSCALLS: tuple[tuple[str, int], ...] = tuple(
+    [(name, errno.EPERM) for name in (
+        # namespaces and mounts: the isolation itself must not be undone or nested (a user namespace would hand
+        # the code every capability over new namespaces, a large kernel attack surface)
+        "unshare", "setns", "mount", "umount", "umount2", "pivot_root", "chroot",
+        # other processes' memory and the kernel's view of them
+        "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "perf_event_open",
+        # kernel interfaces unneeded by Python programs and with a history of exploitable bugs
+        "bpf", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+        "add_key", "keyctl", "request_key", "open_by_handle_at", "name_to_handle_at",
+        "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
+        "swapon", "swapoff", "acct", "syslog", "quotactl", "quotactl_fd", "lookup_dcookie", "nfsservctl",
+        "uselib", "sysfs", "ustat", "_sysctl", "vhangup", "iopl", "ioperm", "modify_ldt",
+        "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+        "mbind", "set_mempolicy", "get_mempolicy", "migrate_pages", "move_pages",
+    )]
+    # the new mount API and clone3 (whose flags seccomp cannot read): ENOSYS, so libc falls back to the old calls
+    + [(name, errno.ENOSYS) for name in ("open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
+                                         "mount_setattr", "clone3")]
+)
+"""Syscalls the filter refuses, with the errno they fail with; everything else is allowed. The list follows
+Flatpak's filter (itself from linux-user-chroot and Sandstorm) and Docker's default profile. Conditional rules
+(``clone`` with a namespace flag, ``ioctl`` TIOCSTI/TIOCLINUX, ``personality`` changes, socket families) are in
+:func:`_seccomp_program`."""
+
+_CLONE_NAMESPACE_FLAGS = (0x20000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)  # CLONE_NEW*
+_TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
+_ALLOWED_SOCKET_FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6
+_AF_MAX = 46  # one past the last address family Linux 6.x defines (AF_MCTP = 45)
 _RUNTIME_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
 _DEVICES = ("null", "zero", "random", "urandom")
-_SETUP_FAILED = 125
+_INSTALL_BWRAP = "install bubblewrap: `apt-get install bubblewrap` (Debian, Ubuntu), `dnf install bubblewrap` (Fedora)"
+_RUN_COUNTER = itertools.count()
 
 
 class SandboxUnavailable(RuntimeError):
-    """This machine cannot isolate code as documented (not Linux, not root, namespaces disabled)."""
+    """This machine cannot isolate code as documented (not Linux, no bubblewrap, namespaces not allowed)."""
 
 
 @dataclass(frozen=True)
@@ -95,9 +110,9 @@ class Limits:
     memory_mb: int = 256
     """Address space per process; larger allocations raise ``MemoryError`` (``killed_by="memory"``)."""
     max_processes: int = 16
-    """Processes (and threads) the run's uid may have at once; further forks fail with ``EAGAIN``."""
+    """Processes (and threads) the code may have at once; further forks fail with ``EAGAIN``."""
     disk_mb: int = 32
-    """Size of the run's tmpfs (``/work`` and ``/tmp`` together) and largest file it may write."""
+    """Size of each of the run's two tmpfs mounts (``/work`` and ``/tmp``) and the largest file it may write."""
     max_open_files: int = 64
     max_output_bytes: int = 64_000
     """Bytes of stdout and of stderr kept in the result; the rest is discarded (``*_truncated``)."""
@@ -112,7 +127,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """What a run did. ``exit_code`` is None when the worker died of a signal (then ``signal`` names it)."""
+    """What a run did. ``exit_code`` is None when the code died of a signal (then ``signal`` names it)."""
 
     stdout: str
     stderr: str
@@ -126,9 +141,9 @@ class SandboxResult:
     duration: float
     """Wall-clock seconds of the whole run, sandbox set-up included."""
     cpu_seconds: float
-    """CPU seconds (user + system) used by the worker and the children it waited for."""
+    """CPU seconds (user + system) used by the code's process and the children it waited for."""
     uid: int = -1
-    """The uid the code ran as (``UID_BASE`` + the launcher's pid); no process of it outlives the run."""
+    """The host uid the code ran as: a fresh one under root (see :data:`UID_BASE`), else the caller's."""
     stdout_truncated: bool = False
     stderr_truncated: bool = False
 
@@ -151,14 +166,13 @@ class SandboxResult:
 
 
 def check_isolation() -> None:
-    """Raise :class:`SandboxUnavailable` (saying why and what to do) unless :func:`run_python` can isolate code."""
+    """Raise :class:`SandboxUnavailable` (saying why and what to do) unless :func:`run_python` can isolate code.
+
+    The first call on a machine runs one empty program in the sandbox; later calls only look for the tools.
+    """
     if not sys.platform.startswith("linux"):
         raise SandboxUnavailable(f"the code sandbox needs Linux namespaces; this is {sys.platform}. Run on Linux.")
-    if os.geteuid() != 0:
-        raise SandboxUnavailable(
-            "the code sandbox needs root (it creates mount/network/PID namespaces and switches to a fresh uid); "
-            f"this process runs as uid {os.geteuid()}. Run as root, e.g. in a container (docker run --cap-add SYS_ADMIN)."
-        )
+    _probe(_tools()["bwrap"])
 
 
 def run_python(code: str, *, files: dict[str, str] | None = None, stdin: str = "", limits: Limits = Limits()) -> SandboxResult:
@@ -170,54 +184,58 @@ def run_python(code: str, *, files: dict[str, str] | None = None, stdin: str = "
         stdin: text fed to the program's standard input.
         limits: the resource limits.
 
-    Raises :class:`SandboxUnavailable` when the machine cannot isolate code (see :func:`check_isolation`).
+    Raises :class:`SandboxUnavailable` when the machine cannot isolate code (see :func:`check_isolation`), and
+    ``ValueError`` for a file name that leaves the working directory.
     """
+    work = _work_files({**(files or {}), "main.py": code})
     check_isolation()
+    return _run(work, stdin, limits)
+
+
+@functools.cache
+def _probe(bwrap: str) -> None:
+    """Run an empty program once per ``bwrap`` binary; a set-up failure raises :class:`SandboxUnavailable`."""
+    result = _run({"/work/main.py": ""}, "", Limits())
+    if not result.ok:
+        raise SandboxUnavailable(f"the sandbox's test run failed ({result.describe()}): {result.stderr.strip()[-500:]}")
+
+
+def _tools() -> dict[str, str]:
+    """The host programs a run needs: bubblewrap, and the interpreter the code runs on."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable(f"the code sandbox runs code under bubblewrap, which is not installed; {_INSTALL_BWRAP}")
+    return {"bwrap": bwrap, "python": os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)}
+
+
+def _work_files(files: dict[str, str]) -> dict[str, str]:
+    """Map each relative file name to its absolute path under ``/work``, refusing names that leave it."""
+    out = {}
+    for rel, text in files.items():
+        path = os.path.normpath(os.path.join("/work", rel))
+        if not path.startswith("/work/"):
+            raise ValueError(f"sandbox file name {rel!r} must be a relative path inside the working directory")
+        out[path] = text
+    return out
+
+
+def _run(work: dict[str, str], stdin: str, limits: Limits) -> SandboxResult:
+    """Run the files ``work`` (absolute path -> text) in a new sandbox: start it, feed and drain it, read the code's status."""
+    root = os.geteuid() == 0
+    uid = UID_BASE + 256 * os.getpid() + next(_RUN_COUNTER) % 256 if root else os.getuid()
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="turnrl-sandbox-") as scratch:
-        os.chmod(scratch, 0o700)
-        work, root = os.path.join(scratch, "work"), os.path.join(scratch, "root")
-        os.mkdir(work)
-        os.mkdir(root)
-        for rel, text in {**(files or {}), "main.py": code}.items():
-            path = os.path.normpath(os.path.join(work, rel))
-            if not path.startswith(work + os.sep):
-                raise ValueError(f"sandbox file name {rel!r} must be a relative path inside the working directory")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-        config = {
-            "work": work, "root": root, "limits": limits.__dict__,
-            "interpreter": os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable),
-            "prefixes": sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}),
-        }
-        status_r, status_w = os.pipe()
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), "--launch", json.dumps(config), str(status_w)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(status_w,), start_new_session=True, env={"PATH": "/usr/bin:/bin"},
-            )
-        finally:
-            os.close(status_w)
-        out, err = _Capped(proc.stdout, limits.max_output_bytes), _Capped(proc.stderr, limits.max_output_bytes)
-        feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True)
-        feeder.start()
-        timed_out = False
-        try:
-            proc.wait(timeout=limits.wall_seconds)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-        with os.fdopen(status_r, "rb") as f:
-            raw = f.read()
-        out.join(), err.join()
-        duration = time.monotonic() - start
+    proc, report = _start(work, limits, uid if root else None)
+    out, err = _Capped(proc.stdout, limits.max_output_bytes), _Capped(proc.stderr, limits.max_output_bytes)
+    threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True).start()
+    timed_out = _wait(proc, limits.wall_seconds)
+    with os.fdopen(report, "rb") as f:
+        raw = f.read()
+    out.join(), err.join()
+    duration = time.monotonic() - start
+    if not timed_out and not raw:  # bubblewrap or the supervisor stopped before the code ran
+        raise SandboxUnavailable(f"bubblewrap could not set up the sandbox: {err.text().strip()[-500:]}. It needs "
+                                 "user namespaces (without root) or CAP_SYS_ADMIN (as root); see docs/sandbox.md")
     status = json.loads(raw) if raw else {}
-    if "setup_error" in status:
-        raise SandboxUnavailable(f"the sandbox could not be set up: {status['setup_error']}")
-    if not timed_out and not status:
-        raise SandboxUnavailable(f"the sandbox launcher exited with {proc.returncode} without reporting: {err.text()[-500:]}")
     stderr = err.text()
     exit_code, sig, cpu = status.get("exit_code"), status.get("signal"), float(status.get("cpu_seconds", 0.0))
     killed_by: KilledBy | None = None
@@ -227,21 +245,196 @@ def run_python(code: str, *, files: dict[str, str] | None = None, stdin: str = "
         killed_by = "cpu"
     elif exit_code not in (0, None) and _ran_out_of_memory(stderr):
         killed_by = "memory"
-    return SandboxResult(out.text(), stderr, exit_code, sig, timed_out, killed_by, duration, cpu, UID_BASE + proc.pid,
-                         out.truncated, err.truncated)
+    return SandboxResult(out.text(), stderr, exit_code, sig, timed_out, killed_by, duration, cpu, uid, out.truncated, err.truncated)
+
+
+def _start(work: dict[str, str], limits: Limits, uid: int | None) -> tuple[subprocess.Popen, int]:
+    """Start bubblewrap in a new session with the supervisor as its command: (the process, the report pipe's read end).
+
+    ``uid`` is the uid the supervisor switches the code to (as root), or None to keep the caller's.
+    """
+    tools = _tools()
+    fds = [_memfd("seccomp", _seccomp_program())] + [_memfd("file", text.encode()) for text in work.values()]
+    report_r, report_w = os.pipe()
+    config = {"argv": [tools["python"], "-s", "-S", "-B", "main.py"], "uid": uid, "report_fd": report_w,
+              "rlimits": _rlimits(limits, root=uid is not None)}
+    argv = [tools["bwrap"], *_bwrap_options(work, fds, limits, root=uid is not None), "--",
+            tools["python"], "-I", "-S", "-B", "-c", _SUPERVISOR, json.dumps(config)]
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                pass_fds=(*fds, report_w), start_new_session=True, env={"PATH": "/usr/bin:/bin"})
+    except BaseException:
+        os.close(report_r)
+        raise
+    finally:
+        for fd in (*fds, report_w):
+            os.close(fd)
+    return proc, report_r
+
+
+def _rlimits(limits: Limits, root: bool) -> list[tuple[int, tuple[int, int]]]:
+    """``setrlimit`` arguments for the code's process (the supervisor itself runs without limits)."""
+    mb = 1024 * 1024
+    # Without root the supervisor shares the code's uid inside the user namespace, so it is one of its processes.
+    nproc = limits.max_processes + (0 if root else 1)
+    return [
+        (resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1)),
+        (resource.RLIMIT_AS, (limits.memory_mb * mb,) * 2),
+        (resource.RLIMIT_NPROC, (nproc,) * 2),
+        (resource.RLIMIT_FSIZE, (limits.disk_mb * mb,) * 2),
+        (resource.RLIMIT_NOFILE, (limits.max_open_files,) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
+
+
+_SUPERVISOR = r"""
+import json, os, resource, signal, sys
+config = json.loads(sys.argv[1])
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # a namespace's PID 1 ignores default-handled signals from inside it
+code = os.fork()
+if code == 0:
+    try:
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        if config["uid"] is not None:
+            os.setgroups([])
+            os.setresgid(config["uid"], config["uid"], config["uid"])
+            os.setresuid(config["uid"], config["uid"], config["uid"])
+        for res, value in config["rlimits"]:
+            resource.setrlimit(res, value)
+        os.execv(config["argv"][0], config["argv"])
+    except BaseException as e:
+        os.write(2, f"sandbox: could not start the program: {type(e).__name__}: {e}\n".encode())
+    os._exit(127)
+while True:
+    pid, status, usage = os.wait4(-1, 0)
+    if pid == code:
+        break
+os.write(config["report_fd"], json.dumps({
+    "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+    "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+    "cpu_seconds": usage.ru_utime + usage.ru_stime,
+}).encode())
+"""
+"""PID 1 of the sandbox (run with ``python -I -S -c``, stdlib only): fork the code, drop it to its uid (as root),
+apply the limits, exec the interpreter on ``main.py``, reap every process until the code exits, then report its
+exit status, signal and CPU time (its own and its waited-for children's) on ``report_fd``. When it exits the kernel
+kills whatever is left in the PID namespace."""
+
+
+def _bwrap_options(work: dict[str, str], fds: list[int], limits: Limits, root: bool) -> list[str]:
+    """bubblewrap's options: namespaces, the new root's mounts, the environment and the syscall filter.
+
+    ``fds`` are the seccomp program, then one memfd per file of ``work`` in order. Mounts are made in order;
+    the root and ``/dev`` are remounted read-only once filled.
+    """
+    opts = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
+            "--as-pid-1"]
+    if root:  # no user namespace; the supervisor keeps only what it needs to drop the code to the run's uid
+        opts += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        opts += ["--unshare-user"]
+    size = str(limits.disk_mb * 1024 * 1024)
+    opts += [*_runtime_mounts(), "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+             "--perms", "0777", "--size", size, "--tmpfs", "/work"]
+    dirs = sorted({d for path in work for d in _parents(path) if d.startswith("/work/")})
+    opts += [a for d in dirs for a in ("--perms", "0777", "--dir", d)]
+    for fd, path in zip(fds[1:], work):
+        opts += ["--perms", "0666", "--file", str(fd), path]
+    opts += ["--remount-ro", "/", "--chdir", "/work", "--clearenv"]
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
+           "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    opts += [a for k, v in env.items() for a in ("--setenv", k, v)]
+    return opts + ["--seccomp", str(fds[0])]
+
+
+def _runtime_mounts() -> list[str]:
+    """bubblewrap's options for the read-only runtime: ``/usr``, the ``/lib*`` and ``/bin`` links (or directories),
+    the interpreter's prefix when it lives elsewhere (its parents made traversable), and a read-only ``/dev``."""
+    opts = []
+    for path in _RUNTIME_DIRS:
+        if os.path.islink(path):
+            opts += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            opts += ["--ro-bind", path, path]
+    for prefix in sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}):
+        if not any(prefix == d or prefix.startswith(d + "/") for d in _RUNTIME_DIRS):
+            opts += [a for d in _parents(prefix) for a in ("--perms", "0755", "--dir", d)] + ["--ro-bind", prefix, prefix]
+    opts += ["--perms", "0755", "--tmpfs", "/dev"]
+    for dev in _DEVICES:
+        opts += ["--dev-bind", f"/dev/{dev}", f"/dev/{dev}"]
+    return opts + ["--remount-ro", "/dev"]
+
+
+def _parents(path: str) -> list[str]:
+    """The directories above ``path``, outermost first, without ``/``: ``/a/b/c`` -> ``[/a, /a/b]``."""
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+@functools.cache
+def _seccomp_program() -> bytes:
+    """The syscall filter as the BPF program ``bwrap --seccomp`` loads, compiled by libseccomp for this machine.
+
+    Default action: allow. :data:`DENIED_SYSCALLS` fail with their errno; ``clone`` with a namespace flag, the
+    ``ioctl`` requests that inject terminal input (TIOCSTI, TIOCLINUX) and ``personality`` other than a query
+    fail with ``EPERM``; ``socket`` outside Unix/IPv4/IPv6 with ``EAFNOSUPPORT``. A syscall made through
+    another ABI than the native one (i386 ``int 0x80`` or x32 on x86-64) kills the process (``SIGSYS``), so no
+    rule can be bypassed by a second syscall table.
+    """
+    try:
+        import pyseccomp as seccomp
+    except (ImportError, RuntimeError) as e:  # RuntimeError: pyseccomp found no libseccomp
+        raise SandboxUnavailable(f"the sandbox's syscall filter needs pyseccomp and libseccomp ({e}): "
+                                 "pip install 'turnrl[sandbox]' (libseccomp2 is a Debian base package)") from e
+    f = seccomp.SyscallFilter(seccomp.ALLOW)
+    f.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
+    for name, err in DENIED_SYSCALLS:
+        f.add_rule(seccomp.ERRNO(err), name)
+    deny, no_family = seccomp.ERRNO(errno.EPERM), seccomp.ERRNO(errno.EAFNOSUPPORT)
+    for flag in _CLONE_NAMESPACE_FLAGS:
+        f.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    for request in (_TIOCSTI, _TIOCLINUX):
+        f.add_rule(deny, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, request))
+    f.add_rule(deny, "personality", seccomp.Arg(0, seccomp.NE, 0xFFFFFFFF))
+    for family in sorted(set(range(_AF_MAX)) - set(_ALLOWED_SOCKET_FAMILIES)):
+        f.add_rule(no_family, "socket", seccomp.Arg(0, seccomp.EQ, family))
+    f.add_rule(no_family, "socket", seccomp.Arg(0, seccomp.GE, _AF_MAX))
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+def _memfd(name: str, data: bytes) -> int:
+    """An anonymous in-memory file holding ``data``, positioned at its start (bubblewrap reads it from there)."""
+    fd = os.memfd_create(f"turnrl-sandbox-{name}")
+    with open(fd, "wb", closefd=False) as f:
+        f.write(data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _wait(proc: subprocess.Popen, wall_seconds: float) -> bool:
+    """Wait for bubblewrap, killing its process group (and so the sandbox) after ``wall_seconds``; True if it did."""
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        timed_out = not poller.poll(wall_seconds * 1000)
+    finally:
+        os.close(pidfd)
+    if timed_out:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # bwrap is unreaped until proc.wait(), so its pid cannot be reused
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    return timed_out
 
 
 def _ran_out_of_memory(stderr: str) -> bool:
     tail = stderr.strip().splitlines()[-3:]
     return any(line.startswith("MemoryError") or "Cannot allocate memory" in line or "out of memory" in line for line in tail)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def _feed(pipe, data: bytes) -> None:
@@ -273,128 +466,3 @@ class _Capped:
 
     def text(self) -> str:
         return self.data.decode("utf-8", errors="replace")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The launcher: everything below runs in the child processes, started as `python sandbox.py --launch ...`.
-
-
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{what}: {os.strerror(errno)}")
-
-
-def _mount(libc: ctypes.CDLL, src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
-    _check(libc.mount(enc(src), enc(dst), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {src} on {dst}")
-
-
-def _bind_readonly(libc: ctypes.CDLL, src: str, dst: str) -> None:
-    _mount(libc, src, dst, None, _MS_BIND | _MS_REC)
-    _mount(libc, None, dst, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-
-
-def _build_root(libc: ctypes.CDLL, config: dict, uid: int) -> None:
-    """Mount the run's tmpfs at ``root`` and fill it: runtime bind mounts, devices, ``/tmp``, ``/work``."""
-    root, limits = config["root"], config["limits"]
-    _mount(libc, "tmpfs", root, "tmpfs", _MS_NOSUID, f"size={limits['disk_mb']}m,mode=755")
-    for path in _RUNTIME_DIRS:
-        if os.path.islink(path):
-            os.symlink(os.readlink(path), root + path)
-        elif os.path.isdir(path):
-            os.makedirs(root + path)
-            _bind_readonly(libc, path, root + path)
-    for prefix in config["prefixes"]:
-        if not any(prefix == d or prefix.startswith(d + "/") for d in _RUNTIME_DIRS):
-            os.makedirs(root + prefix, mode=0o755)
-            _bind_readonly(libc, prefix, root + prefix)
-    os.makedirs(root + "/dev")
-    for dev in _DEVICES:
-        open(f"{root}/dev/{dev}", "w").close()
-        _mount(libc, f"/dev/{dev}", f"{root}/dev/{dev}", None, _MS_BIND)
-    os.mkdir(root + "/tmp")
-    os.chmod(root + "/tmp", 0o1777)
-    shutil.copytree(config["work"], root + "/work")
-    for dirpath, dirnames, filenames in os.walk(root + "/work"):
-        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
-            os.chown(name, uid, uid)
-
-
-def _exec_worker(libc: ctypes.CDLL, config: dict, uid: int) -> None:
-    """In the forked worker (already chroot-ed): drop to ``uid``, apply the limits, exec the interpreter."""
-    limits = config["limits"]
-    mb = 1024 * 1024
-    for res, value in (
-        (resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1)),
-        (resource.RLIMIT_AS, (limits["memory_mb"] * mb,) * 2),
-        (resource.RLIMIT_NPROC, (limits["max_processes"],) * 2),
-        (resource.RLIMIT_FSIZE, (limits["disk_mb"] * mb,) * 2),
-        (resource.RLIMIT_NOFILE, (limits["max_open_files"],) * 2),
-        (resource.RLIMIT_CORE, (0, 0)),
-    ):
-        resource.setrlimit(res, value)
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-    _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
-    os.chdir("/work")
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-           "PYTHONHASHSEED": "0", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"}
-    os.execve(config["interpreter"], [config["interpreter"], "-s", "-S", "-B", "main.py"], env)
-
-
-def _namespace_init(libc: ctypes.CDLL, config: dict, uid: int, status_fd: int) -> int:
-    """PID 1 of the new namespace: build the root, run the worker, report its status. Returns an exit code."""
-    try:
-        _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing we mount propagates to the host
-        _build_root(libc, config, uid)
-        os.chroot(config["root"])
-        os.chdir("/")
-    except Exception as e:  # noqa: BLE001 - reported to the parent, which raises SandboxUnavailable
-        os.write(status_fd, json.dumps({"setup_error": f"{type(e).__name__}: {e}"}).encode())
-        return _SETUP_FAILED
-    worker = os.fork()
-    if worker == 0:
-        try:
-            os.close(status_fd)
-            _exec_worker(libc, config, uid)
-        except BaseException as e:  # noqa: BLE001
-            os.write(2, f"sandbox: could not start the program: {type(e).__name__}: {e}\n".encode())
-        os._exit(_SETUP_FAILED)
-    _, status, usage = os.wait4(worker, 0)
-    report = {
-        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-        "cpu_seconds": usage.ru_utime + usage.ru_stime,
-    }
-    os.write(status_fd, json.dumps(report).encode())
-    return 0
-
-
-def _launch(config: dict, status_fd: int) -> int:
-    """The launcher (host PID namespace): unshare, fork the namespace's PID 1, wait for it."""
-    libc = _libc()
-    uid = UID_BASE + os.getpid()
-    try:
-        _check(libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS), "unshare")
-    except OSError as e:
-        os.write(status_fd, json.dumps({"setup_error": f"{e} (creating namespaces needs root or CAP_SYS_ADMIN)"}).encode())
-        return _SETUP_FAILED
-    child = os.fork()
-    if child == 0:
-        code = 1
-        try:
-            code = _namespace_init(libc, config, uid, status_fd)
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(child, 0)
-    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
-
-
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--launch":
-    sys.exit(_launch(json.loads(sys.argv[2]), int(sys.argv[3])))
