@@ -113,3 +113,19 @@ def test_random_maps_follow_the_seed_and_slippery_has_no_oracle():
     with pytest.raises(ValueError, match="pass random_map=None"):
         make("gym-frozenlake-v0", map_name="8x8")
     assert len(make("gym-frozenlake-v0", random_map=None, map_name="8x8").reset(seed=0)[0].splitlines()) == 8
+
+
+def test_task_keys_follow_the_map_and_the_dealt_cards():
+    lake = make("gym-frozenlake-v0")
+    keys = {}
+    for seed in (2, 3, 8):  # seeds 2 and 3 draw the same random map, 8 another
+        lake.reset(seed=seed)
+        keys[seed] = lake.task_key()
+    assert keys[2] == keys[3] != keys[8]
+    lake.reset(seed=2)
+    lake.step(lake.solve()[0])
+    assert lake.task_key() == keys[2]
+    blackjack = make("gym-blackjack-v0")
+    blackjack.reset(seed=0)
+    dealer = blackjack.unwrapped._env.unwrapped.dealer
+    assert blackjack.task_key().endswith(f":{dealer}") and len(dealer) == 2  # the hidden card is part of the hand

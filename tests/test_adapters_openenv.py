@@ -82,6 +82,7 @@ def test_round_trip_equals_the_direct_env(server, seed):
         # the served env's TurnLimit (8 turns for frozenlake-v0) truncates the all-garbage episode
         assert expected[-1][3] is True and expected[-1][5] == "turns" and len(expected) == 9
         assert remote.instructions == direct.instructions and remote.examples() == direct.examples()
+        assert remote.task_key() == direct.task_key() == "/".join(direct.unwrapped.desc)  # the served env's key
         remote.reset(seed=seed)
         direct.reset(seed=seed)
         assert remote.solve() == direct.solve()
@@ -175,8 +176,11 @@ def test_configuration_errors_are_clear(capsys):
         OpenEnvServer("frozenlak-v0")
     with pytest.raises(ValueError, match="needs the server's url"):
         make("openenv-v0")
-    with pytest.raises(ConnectionError, match="127.0.0.1:9"):
+    with pytest.raises(ConnectionError) as err:
         OpenEnvRemote("http://127.0.0.1:9", connect_timeout_s=2).reset(seed=0)  # nothing listens on port 9
+    message = str(err.value)
+    assert message.startswith("cannot reach the OpenEnv server at http://127.0.0.1:9 (ConnectionRefusedError") and "\n" not in message
+    assert "python -m turnrl.envs.adapters.openenv ENV_ID --port 9" in message
     with pytest.raises(SystemExit):
         serve_main(["frozenlake-v0", "slipery=true"])
     assert "has no argument 'slipery'. Did you mean 'slippery'?" in capsys.readouterr().err
@@ -202,3 +206,102 @@ def test_collector_runs_a_remote_env_exactly_like_the_local_one(server, tokenize
     local = collect(lambda: make("frozenlake-v0", max_turns=2))
     remote = collect(lambda: make("openenv-v0", url=server.url, max_turns=2))
     assert remote == local and sum(len(turns) for _, _, turns in local) >= 2
+
+
+class _GuessAction(Action):
+    guess: int
+
+
+class _GuessObservation(Observation):
+    feedback: str = ""
+
+
+class _GuessEight(Environment):
+    """A plain OpenEnv env with a typed action: guess the number 8."""
+
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        return _GuessObservation(feedback="Guess a number from 1 to 10.")
+
+    def step(self, action, timeout_s=None, **kwargs):
+        done = action.guess == 8
+        return _GuessObservation(feedback="right" if done else "wrong", reward=float(done), done=done)
+
+    @property
+    def state(self):
+        return State()
+
+
+@pytest.fixture
+def typed_server():
+    with OpenEnvServer.for_app(create_fastapi_app(_GuessEight, _GuessAction, _GuessObservation)) as running:
+        yield running
+
+
+def test_text_a_typed_action_rejects_is_an_invalid_turn_with_the_servers_reasons(typed_server):
+    env = make("openenv-v0", url=typed_server.url, action_field="guess", instructions="Guess.", max_turns=10)
+    try:
+        first, _ = env.reset(seed=0)
+        obs, reward, terminated, truncated, info = env.step("eight")
+        assert (reward, terminated, truncated, info["valid"], info["actions"]) == (0.0, False, False, False, [])
+        assert "rejected the action" in obs and "guess" in obs and "integer" in obs and obs.endswith(first)
+        assert env.anchor() == first
+        obs, reward, terminated, _, info = asyncio.run(env.astep("8"))
+        assert (obs, reward, terminated, info["valid"], info["success"]) == ("right", 1.0, True, True, True)
+    finally:
+        env.close()
+
+
+def _scripted_app(step_reply):
+    """A WebSocket server speaking just enough of OpenEnv's protocol: a valid reset, then ``step_reply`` (raw text)."""
+    from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+
+    app = FastAPI()
+    reset = {"type": "observation", "data": {"observation": {"text": "start"}, "reward": None, "done": False}}
+
+    @app.websocket("/ws")
+    async def ws(websocket: WebSocket):
+        await websocket.accept()
+        try:
+            while True:
+                kind = json.loads(await websocket.receive_text())["type"]
+                if kind == "close":
+                    break
+                await websocket.send_text(json.dumps(reset) if kind == "reset" else step_reply)
+        except WebSocketDisconnect:
+            pass
+        await websocket.close()
+
+    return app
+
+
+def _observation(**data):
+    return json.dumps({"type": "observation", "data": data})
+
+
+@pytest.mark.parametrize("reply, needle", [
+    (_observation(reward=1.0, done=True), "no 'observation'"),
+    (_observation(observation="moved", reward=0.0, done=False), "'observation' is a str"),
+    (_observation(observation={"text": "x"}, done=False), "no 'reward'"),
+    (_observation(observation={"text": "x"}, reward="high", done=False), "'reward' is 'high'"),
+    (_observation(observation={"text": "x"}, reward=float("nan"), done=False), "'reward' is nan"),
+    (_observation(observation={"text": "x"}, reward=0.0), "no 'done'"),
+    (_observation(observation={"text": "x"}, reward=0.0, done="no"), "'done' is 'no'"),
+    (_observation(observation={"text": "x", "terminated": "yes"}, reward=0.0, done=False), "'terminated' is 'yes'"),
+    (_observation(observation={"text": "x", "info": {"actions": "Down", "valid": True, "success": False,
+                                                      "reward_components": {}}}, reward=0.0, done=False), "info"),
+    (json.dumps({"type": "state", "data": {}}), "no 'observation'"),
+    (json.dumps(["observation"]), "not a JSON object"),
+    ("not json", "not JSON"),
+])
+def test_a_wrong_shape_reply_is_an_env_error_naming_what_is_wrong(reply, needle):
+    from turnrl.envs.adapters.openenv import OpenEnvProtocolError
+
+    with OpenEnvServer.for_app(_scripted_app(reply)) as scripted:
+        env = OpenEnvRemote(scripted.url, instructions="x", message_timeout_s=5)
+        try:
+            assert env.reset(seed=0) == ("start", {})
+            with pytest.raises(OpenEnvProtocolError, match=needle) as err:
+                env.step("Down")
+            assert scripted.url in str(err.value) and "\n" not in str(err.value)
+        finally:
+            env.close()

@@ -86,3 +86,41 @@ def test_require_tag_false_scores_the_whole_text_and_examples_come_from_another_
 def test_unknown_dataset_names_the_closest():
     with pytest.raises(ValueError, match="Did you mean 'basic_arithmetic'"):
         ReasoningGym("basic_arithmetik")
+
+
+@pytest.mark.parametrize("answer", ["2 x 3", "2*3", "six"])
+def test_an_answer_the_datasets_scorer_cannot_read_is_an_invalid_turn_with_feedback(answer):
+    # prime_factorization's score_answer calls int() on each factor and raises ValueError on these
+    env = make("reasoning-gym-v0", dataset="prime_factorization", attempts=2, max_turns=6)
+    question, _ = env.reset(seed=0)
+    anchor = env.anchor()
+    obs, reward, terminated, truncated, info = env.step(f"<answer>{answer}</answer>")
+    assert (reward, terminated, truncated, info["valid"], info["actions"]) == (0.0, False, False, False, [])
+    assert "could not be scored" in obs and "ValueError" in obs and obs.endswith(question)
+    assert env.anchor() == anchor and env.unwrapped.used == 0  # no attempt used
+    obs, reward, terminated, _, info = env.step(env.solve()[0])
+    assert (reward, terminated, info["success"]) == (1.0, True, True)
+
+
+@pytest.mark.parametrize(("dataset", "answer", "error"), [
+    ("boxnet", "null", "TypeError"),
+    ("coin_flip", "1e309", "OverflowError"),
+    ("game_of_life", '{"a": 1}', "KeyError"),
+])
+def test_other_scorers_that_raise_on_model_text_give_invalid_turns(dataset, answer, error):
+    # what reasoning-gym 0.1.25's score_answer raises on these fuzz-stage answers
+    env = make("reasoning-gym-v0", dataset=dataset)
+    env.reset(seed=0)
+    obs, reward, terminated, _, info = env.step(f"<answer>{answer}</answer>")
+    assert (reward, terminated, info["valid"]) == (0.0, False, False) and f"could not be scored ({error}" in obs
+
+
+def test_task_key_is_the_dataset_and_the_question():
+    env = make("reasoning-gym-v0", dataset="chain_sum", size=50)
+    questions, keys = set(), set()
+    for seed in range(100):  # size 50: seeds s and s + 50 pose the same item
+        question, _ = env.reset(seed=seed)
+        assert env.task_key() == f"chain_sum: {question}"
+        questions.add(question)
+        keys.add(env.task_key())
+    assert len(keys) == len(questions) <= 50

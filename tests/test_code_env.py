@@ -154,3 +154,13 @@ def test_playable_by_hand():
     printed = []
     result = play("code-v0", seed=7, templates=["dedupe"], input_fn=lambda _: next(lines), print_fn=lambda *a: printed.append(" ".join(map(str, a))))
     assert result["success"] and result["turns"] == 1 and any("oracle: ```python" in p for p in printed)
+
+
+def test_task_key_is_the_program_not_its_test_inputs():
+    env = make("code-v0")
+    keys, inputs = {}, {}
+    for seed in (6, 10, 7):  # 6 and 10 both draw second_largest (no parameters) with other test inputs; 7 another
+        env.reset(seed=seed)
+        keys[seed], inputs[seed] = env.task_key(), env.unwrapped.task.inputs
+    assert keys[6] == keys[10] and keys[6].startswith("second_largest:") and inputs[6] != inputs[10]
+    assert keys[7] != keys[6]

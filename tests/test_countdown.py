@@ -100,3 +100,14 @@ def test_play_runs_an_episode():
     lines = []
     play("countdown-v0", seed=4, input_fn=lambda _prompt: plan.pop(0) if plan else "quit", print_fn=lines.append)
     assert any("Correct" in str(line) for line in lines)
+
+
+def test_task_key_is_the_numbers_as_a_multiset_and_the_target():
+    env = Countdown()
+    env.reset(seed=4)
+    key = env.task_key()
+    assert key == f"{' '.join(map(str, sorted(env.numbers)))} -> {env.target}"
+    env.numbers = tuple(reversed(env.numbers))  # the same puzzle, listed in another order
+    assert env.task_key() == key
+    env.target += 1
+    assert env.task_key() != key

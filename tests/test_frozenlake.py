@@ -195,3 +195,20 @@ def test_bad_arguments_are_clear():
         FrozenLake(desc=["SF", "FFG"])
     with pytest.raises(ValueError, match="p_frozen"):
         FrozenLake(p_frozen=0.0)
+
+
+
+def test_task_key_is_the_layout_so_seeds_drawing_the_same_map_are_one_task():
+    env = make("frozenlake-v0")
+    keys, maps = {}, {}
+    for seed in (2, 28, 7):  # seeds 2 and 28 draw the same 4x4 map; 7 another
+        env.reset(seed=seed)
+        keys[seed], maps[seed] = env.task_key(), list(env.unwrapped.desc)
+    assert maps[2] == maps[28] != maps[7]
+    assert keys[2] == keys[28] == "/".join(maps[2]) and keys[7] != keys[2]
+    env.reset(seed=2)
+    env.step("Right")
+    assert env.task_key() == keys[2] and env.anchor() != keys[2]  # the key stays; the anchor follows the player
+    hackable = make("frozenlake-hackable-v0")
+    hackable.reset(seed=28)
+    assert hackable.task_key() == keys[2]

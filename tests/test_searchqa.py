@@ -103,3 +103,17 @@ def test_open_an_unknown_document_and_search_without_matches_are_reported():
 def test_examples_follow_the_oracle_on_a_fixed_world():
     responses = [r for _, r in SearchQA().examples()]
     assert [json.loads(r[len("<tool_call>"):-len("</tool_call>")])["name"] for r in responses] == ["search", "open", "open", "answer"]
+
+
+def test_task_key_is_the_question_over_its_corpus():
+    env, twin = SearchQA(), SearchQA()
+    env.reset(seed=6)
+    twin.reset(seed=6)
+    key = env.task_key()
+    assert key == twin.task_key() and key.startswith(env.world.question + " [corpus ")
+    env.step(env.solve()[0])
+    assert env.task_key() == key
+    smaller = SearchQA(num_people=6)  # another corpus: the same question text would still be another task
+    smaller.reset(seed=6)
+    assert smaller.task_key() != key
+    assert len({(env.reset(seed=s), env.task_key())[1] for s in range(10)}) == 10

@@ -102,3 +102,16 @@ def test_examples_and_anchor():
 def test_check_env():
     check_env("sokoban-v0", random_tasks=True)
     check_env("sokoban-v0", num_boxes=2, size=7, max_turns=40, random_tasks=True)
+
+
+def test_task_key_is_the_starting_puzzle():
+    env = make("sokoban-v0")
+    first, _ = env.reset(seed=3)
+    key = env.task_key()
+    assert key == first.replace(" ", "").replace("\n", "/")
+    env.step(env.solve()[0])
+    assert env.task_key() == key and env.anchor() != first  # a move changes the state, not the task
+    other = make("sokoban-v0")
+    other.reset(seed=3)
+    assert other.task_key() == key
+    assert len({(env.reset(seed=s), env.task_key())[1] for s in range(10)}) == 10

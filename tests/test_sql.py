@@ -125,3 +125,16 @@ def test_close_is_idempotent_and_tools_need_a_reset():
     env.reset(seed=1)
     env.close()
     env.close()
+
+
+def test_the_same_question_on_another_database_is_another_task():
+    env = SQL()
+    keys, questions = [], []
+    for seed in (2, 25, 27, 37):  # all ask "How many orders were placed in 2020?", each on its own database
+        env.reset(seed=seed)
+        keys.append(env.task_key())
+        questions.append(env.question)
+    assert len(set(questions)) == 1 and len(set(keys)) == 4 and keys[0].startswith(questions[0] + " [db ")
+    twin = SQL()
+    twin.reset(seed=25)
+    assert twin.task_key() == keys[1]

@@ -204,6 +204,8 @@ def test_instructions_list_the_tools_and_the_call_format():
         (call("refuse"), "Error: not today"),
         (call("slow"), "slow stopped after 0.1 s (time limit)"),
         (call("answer", total=-1), "the total cannot be negative"),
+        ("<tool_call>" + "[" * 5000 + "</tool_call>", "nested too deeply"),  # json raises RecursionError here
+        ('{"name": ' * 5000, "No tool call found"),
     ],
 )
 def test_every_failure_is_an_invalid_turn_with_an_error_observation(text, needle):

@@ -193,3 +193,13 @@ def test_progress_shaping_follows_the_oracle_and_a_wrong_purchase_ends_without_a
     _play(env, [f"search[{query}]", *env.unwrapped._via_results(query, 0)])
     _, r, term, _, info = env.step("click[Buy Now]")  # no options selected: partial reward, and no plan is left
     assert term and env.solve() is None and info["reward_components"]["progress"] == pytest.approx(-0.1)
+
+
+def test_task_key_is_the_instruction():
+    env = WebShop()
+    env.reset(seed=8)
+    key = env.task_key()
+    assert key == env.shop.goal.text
+    env.step("search[shoes]")
+    assert env.task_key() == key
+    assert len({(env.reset(seed=s), env.task_key())[1] for s in range(10)}) == 10

@@ -1,7 +1,8 @@
 """Environments: the contract (``base``), registry (``make``/``register``), ``wrappers``, ``check_env``, built-ins.
 
 Built-in ids (``turnrl envs`` lists them): ``frozenlake-v0``, ``sokoban-v0``, ``code-v0`` (runs code in
-``turnrl.envs.sandbox``) and ``webshop-v0``. Their modules are imported on the first ``make``.
+``turnrl.envs.sandbox``) and ``webshop-v0``. Their modules are imported on the first ``make``; an unregistered
+env is made by its ``"package.module:Class"``.
 Adapter ids (``openenv-v0``, ``textarena-v0``, ``reasoning-gym-v0``, ``gym-*-v0``) wrap other
 standards' envs; see :mod:`turnrl.envs.adapters`.
 """
@@ -9,7 +10,7 @@ standards' envs; see :mod:`turnrl.envs.adapters`.
 from turnrl.envs import wrappers
 from turnrl.envs.base import Env
 from turnrl.envs.checker import EnvCheckError, check_env
-from turnrl.envs.registry import UnknownEnvError, make, register, registered, spec
+from turnrl.envs.registry import EnvLoadError, UnknownEnvError, make, register, registered, spec
 from turnrl.envs.wrappers import EpisodeStatistics, InvalidActionPenalty, OracleProgress, TurnLimit, Wrapper
 
 register(
@@ -115,6 +116,6 @@ register(
 )
 
 __all__ = [
-    "Env", "EnvCheckError", "EpisodeStatistics", "InvalidActionPenalty", "OracleProgress", "TurnLimit",
+    "Env", "EnvCheckError", "EnvLoadError", "EpisodeStatistics", "InvalidActionPenalty", "OracleProgress", "TurnLimit",
     "UnknownEnvError", "Wrapper", "check_env", "make", "register", "registered", "spec", "wrappers",
 ]

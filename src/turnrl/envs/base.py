@@ -21,12 +21,26 @@ The ``info`` dict of ``step`` carries these keys (the collector reads them; envs
 - ``"reward_components"``: dict[str, float], named parts of ``reward`` that sum to it (``"outcome"``,
   ``"step"``, ``"invalid_penalty"``, ...). Wrappers that change the reward add their own component.
 
-Environments may override ``areset`` / ``astep`` with real coroutines (network, subprocess); the
-defaults run the synchronous methods, so the collector can always await them.
+Two keys name what the agent is working on, both text:
+
+- ``anchor()``: the current state without history (GiGPO groups the turns of a group by it);
+- ``task_key()``: what makes two tasks the same (map layout, puzzle, question id, product, program); valid
+  after ``reset`` and fixed for the episode. Held-out sets are disjoint from training by task key, not by
+  seed: two seeds that draw the same map are the same task. The default is the initial observation of the
+  last reset; an env whose tasks differ in hidden state (a secret number, hidden tests, a deck) must
+  override it, or different tasks share a key.
+
+``areset`` / ``astep`` are what the collector awaits. The defaults run ``reset`` / ``step`` in a worker
+thread (``asyncio.to_thread``), so a slow step does not hold up the other episodes; an env therefore draws
+only from its own seeded RNG, never from global random state another thread may use. Envs that wait on a
+network or a subprocess may override them with real coroutines.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 
@@ -42,6 +56,13 @@ class Env:
     instructions: ClassVar[str] = ""
     max_actions_per_turn: int = 1
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Make every subclass's ``reset``/``areset`` remember its observation, for the default :meth:`task_key`."""
+        super().__init_subclass__(**kwargs)
+        for name in ("reset", "areset"):
+            if name in cls.__dict__:
+                setattr(cls, name, _remembering_observation(cls.__dict__[name]))
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Start a new episode. The same ``seed`` gives the same initial state and the same dynamics.
 
@@ -54,14 +75,27 @@ class Env:
         raise NotImplementedError
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        return self.reset(seed=seed, options=options)
+        """``reset`` in a worker thread, so a slow reset does not block the event loop."""
+        return await asyncio.to_thread(self.reset, seed=seed, options=options)
 
     async def astep(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return self.step(action_text)
+        """``step`` in a worker thread, so a slow step does not block the event loop (the other episodes)."""
+        return await asyncio.to_thread(self.step, action_text)
 
     def anchor(self) -> str:
         """A hashable key of the current state without history (GiGPO groups steps by it)."""
         raise NotImplementedError
+
+    def task_key(self) -> str:
+        """What makes two tasks the same (see the module docstring); the same for the whole episode.
+
+        Default: the initial observation of the last ``reset``. Override it when tasks differ in hidden state.
+        Raises ``RuntimeError`` before the first reset.
+        """
+        observation = getattr(self, "_reset_observation", None)
+        if observation is None:
+            raise RuntimeError(f"{type(self).__name__}.task_key() before reset(): the task is drawn by reset")
+        return observation
 
     def solve(self) -> list[str] | None:
         """Oracle: a shortest action sequence from the current state to success, or None if none exists."""
@@ -91,3 +125,24 @@ class Env:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+def _remembering_observation(reset: Callable[..., Any]) -> Callable[..., Any]:
+    """``reset`` (or the coroutine ``areset``) that also stores the observation it returns as ``_reset_observation``."""
+
+    def remember(env: Env, out: Any) -> Any:
+        if isinstance(out, tuple) and out and isinstance(out[0], str):  # check_env reports any other shape
+            env._reset_observation = out[0]
+        return out
+
+    if asyncio.iscoroutinefunction(reset):
+        @functools.wraps(reset)
+        async def areset(self: Env, *args: Any, **kwargs: Any) -> Any:
+            return remember(self, await reset(self, *args, **kwargs))
+
+        return areset
+
+    @functools.wraps(reset)
+    def sync_reset(self: Env, *args: Any, **kwargs: Any) -> Any:
+        return remember(self, reset(self, *args, **kwargs))
+
+    return sync_reset

@@ -507,6 +507,11 @@ class CodeEnv(Env):
         digest = hashlib.sha1(f"{self.task.solution}{self.task.inputs}".encode()).hexdigest()[:12]
         return f"{self.task.template}:{digest}|{pattern}"
 
+    def task_key(self) -> str:
+        """``"<template>:<digest of the gold program>"``: the program to write (its drawn parameters included), so
+        seeds that draw the same program with other test inputs are the same task."""
+        return f"{self.task.template}:{hashlib.sha1(self.task.solution.encode()).hexdigest()[:12]}"
+
     def solve(self) -> list[str] | None:
         """One submission of the gold solution (nothing left to do once every test passes)."""
         return [] if self.done else [f"```python\n{self.task.solution}```"]

@@ -194,7 +194,8 @@ class Countdown(ToolEnv):
         return _observation(self.numbers, self.target)
 
     def task_key(self) -> str:
-        return f"{' '.join(map(str, self.numbers))} -> {self.target}"
+        """The numbers (sorted: their order does not change the puzzle) and the target: ``"3 8 12 25 -> 133"``."""
+        return f"{' '.join(map(str, sorted(self.numbers)))} -> {self.target}"
 
     def verify(self, call: ToolCall) -> Verdict:
         correct, message = check_answer(call.arguments["expression"], self.numbers, self.target)

@@ -196,6 +196,11 @@ class FrozenLake(Env):
         """``"<rows joined by />@<row>,<col>"``: the map and the player's position."""
         return "/".join(self.desc) + f"@{self.pos[0]},{self.pos[1]}"
 
+    def task_key(self) -> str:
+        """The map's rows joined by ``/`` (the layout with its start and goals): seeds that draw the same map
+        are the same task."""
+        return "/".join(self.desc)
+
     def solve(self) -> list[str] | None:
         """The shortest deterministic path to the goal (also in slippery mode, where it may not succeed)."""
         return shortest_path(self.desc, self.pos)

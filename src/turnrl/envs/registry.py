@@ -6,6 +6,10 @@
 Ids look like ``name-vN`` (lower case letters, digits, ``_ . -``, then a version): a changed env gets a new
 version rather than silently changing an old id. The entry point is imported on the first ``make``.
 
+An unregistered env class can be made by its location, ``make("mypkg.envs:Guess", **kwargs)``: a
+``module:Class`` id builds that class with no registered defaults (the module must be importable: installed,
+in the current directory when run by the ``turnrl`` command, or on ``PYTHONPATH``).
+
 ``make`` builds the env from its entry point with the keyword arguments over the registered defaults, and
 wraps it with the standard wrappers, configured by the keywords that belong to them (the rest go to the
 env's constructor), innermost first:
@@ -32,6 +36,7 @@ from turnrl.envs.wrappers import EpisodeStatistics, InvalidActionPenalty, Oracle
 DEFAULT_MAX_TURNS = 16
 WRAPPER_KWARGS = ("max_turns", "invalid_penalty", "progress_reward")
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*-v\d+$")
+_ENTRY_POINT = re.compile(r"^[\w.]+:\w+$")
 
 
 class UnknownEnvError(KeyError):
@@ -39,6 +44,10 @@ class UnknownEnvError(KeyError):
 
     def __str__(self) -> str:  # KeyError would show the message quoted
         return str(self.args[0])
+
+
+class EnvLoadError(ImportError):
+    """An entry point's module cannot be found or has no such class; the message says how to fix it."""
 
 
 @dataclass
@@ -51,11 +60,30 @@ class EnvSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def load(self) -> Callable[..., Env]:
-        """The env class (or factory), importing its module on first use."""
+        """The env class (or factory), importing its module on first use.
+
+        Raises :class:`EnvLoadError` when the module is not importable or lacks the class; errors raised by the
+        module's own code while it is imported propagate unchanged.
+        """
         if callable(self.entry_point):
             return self.entry_point
-        module, _, attr = self.entry_point.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        name, _, attr = self.entry_point.partition(":")
+        where = f"env '{self.env_id}'" + (f" ('{self.entry_point}')" if self.entry_point != self.env_id else "")
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name is None or not (name == e.name or name.startswith(e.name + ".")):
+                raise  # the module exists; one of its own imports is missing
+            raise EnvLoadError(
+                f"cannot load {where}: no module named '{e.name}'. Make it importable: run turnrl from the directory "
+                "that holds it (or pass --import MODULE, or set PYTHONPATH=<that directory>), or install it"
+            ) from None
+        if not hasattr(module, attr):
+            classes = [k for k, v in sorted(vars(module).items()) if inspect.isclass(v) and issubclass(v, Env) and v.__module__ == name]
+            raise EnvLoadError(
+                f"cannot load {where}: module '{name}' has no '{attr}'. Env classes there: {', '.join(classes) or 'none'}"
+            )
+        return getattr(module, attr)
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
@@ -71,7 +99,7 @@ def register(env_id: str, entry_point: str | Callable[..., Env], *, description:
         raise ValueError(f"env id {env_id!r} must look like 'name-v0' (lower case letters, digits, '_', '.', '-', then -vN)")
     if env_id in _REGISTRY:
         raise ValueError(f"env id {env_id!r} is already registered; register a new version (e.g. '{_bump(env_id)}') instead")
-    if isinstance(entry_point, str) and not re.match(r"^[\w.]+:\w+$", entry_point):
+    if isinstance(entry_point, str) and not _ENTRY_POINT.match(entry_point):
         raise ValueError(f"entry point {entry_point!r} of {env_id} must look like 'package.module:Class'")
     _REGISTRY[env_id] = EnvSpec(env_id, entry_point, description, dict(default_kwargs))
 
@@ -82,19 +110,29 @@ def registered() -> dict[str, str]:
 
 
 def spec(env_id: str) -> EnvSpec:
-    """The registration of ``env_id``; :class:`UnknownEnvError` (naming the closest id) if there is none."""
-    if env_id not in _REGISTRY:
-        close = difflib.get_close_matches(env_id, list(_REGISTRY), n=1, cutoff=0.4)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise UnknownEnvError(f"unknown env id '{env_id}'.{hint} Registered: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[env_id]
+    """The registration of ``env_id`` (a ``module:Class`` id: an unregistered spec of that class).
+
+    Raises :class:`UnknownEnvError`, naming the closest id, listing the registered ones and saying how to add one.
+    """
+    if env_id in _REGISTRY:
+        return _REGISTRY[env_id]
+    if _ENTRY_POINT.match(env_id):
+        return EnvSpec(env_id, env_id, f"{env_id} (not registered)")
+    close = difflib.get_close_matches(env_id, list(_REGISTRY), n=1, cutoff=0.4)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    raise UnknownEnvError(
+        f"unknown env id '{env_id}'.{hint} Registered: {', '.join(sorted(_REGISTRY))}. For your own env, call "
+        "register('name-v0', 'package.module:Class') in a module you import, or use the id 'package.module:Class'"
+    )
 
 
 def make(env_id: str, **kwargs: Any) -> Env:
-    """Build ``env_id`` with ``kwargs`` over its registered defaults, wrapped by the standard wrappers.
+    """Build ``env_id`` (a registered id or ``module:Class``) with ``kwargs`` over its registered defaults, wrapped
+    by the standard wrappers.
 
-    Raises :class:`UnknownEnvError` for an unknown id and ``TypeError`` naming the keyword (and the valid
-    ones) when a keyword is neither a constructor argument nor a wrapper keyword.
+    Raises :class:`UnknownEnvError` for an unknown id, :class:`EnvLoadError` for an entry point that cannot be
+    imported, and ``TypeError`` naming the keyword (and the valid ones) when a keyword is neither a constructor
+    argument nor a wrapper keyword.
     """
     s = spec(env_id)
     merged = {**s.kwargs, **kwargs}

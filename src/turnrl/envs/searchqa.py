@@ -30,6 +30,7 @@ documents and answers.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import re
@@ -213,6 +214,7 @@ class SearchQA(ToolEnv):
         self._rng = random.Random()
         self.world: World | None = None
         self._index: BM25 | None = None
+        self._corpus = ""
         super().__init__(max_actions_per_turn=max_actions_per_turn, tool_timeout=tool_timeout)
 
     def build_tools(self) -> list[Tool]:
@@ -260,13 +262,15 @@ class SearchQA(ToolEnv):
             self._rng = random.Random(seed)
         self.world = generate_world(self._rng, *self.sizes)
         self._index = BM25([tokenize(d.title + " " + d.text) for d in self.world.docs])
+        self._corpus = hashlib.sha1("\n".join(d.text for d in self.world.docs).encode()).hexdigest()[:12]
 
     def task_observation(self) -> str:
         assert self.world is not None
         return f"Question: {self.world.question}\nDocuments: {len(self.world.docs)} (ids d00-d{len(self.world.docs) - 1:02d})"
 
     def task_key(self) -> str:
-        return self.world.question if self.world else ""
+        """The question and a digest of the corpus it is asked over: ``"Who founded ...? [corpus 3fa9c1d2e4b5]"``."""
+        return f"{self.world.question} [corpus {self._corpus}]" if self.world else ""
 
     def verify(self, call: ToolCall) -> Verdict:
         assert self.world is not None

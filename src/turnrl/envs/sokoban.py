@@ -253,7 +253,7 @@ class Sokoban(Env):
         self.size, self.num_boxes, self.max_actions_per_turn = size, num_boxes, max_actions_per_turn
         self.min_solution, self.max_solution = min_solution, max_solution
         self._rng = random.Random()
-        self.puzzle = Puzzle.parse(_EXAMPLES[0])
+        self.puzzle = self.start = Puzzle.parse(_EXAMPLES[0])
         self.done = False
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -261,7 +261,7 @@ class Sokoban(Env):
         if seed is not None:
             self._rng = random.Random(seed)
         self.puzzle, length = generate(self._rng, self.size, self.num_boxes, self.min_solution, self.max_solution)
-        self.done = False
+        self.start, self.done = self.puzzle, False
         return self.render(), {"optimal_length": length}
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -295,6 +295,10 @@ class Sokoban(Env):
     def anchor(self) -> str:
         """The rendered grid: layout, boxes and player, without history."""
         return self.puzzle.render()
+
+    def task_key(self) -> str:
+        """The puzzle as it started (walls, targets, boxes, player), rows joined by ``/``."""
+        return self.start.render().replace(" ", "").replace("\n", "/")
 
     def solve(self) -> list[str] | None:
         return solve(self.puzzle)

@@ -38,6 +38,7 @@ The oracle submits the gold query.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 import sqlite3
@@ -216,7 +217,7 @@ class SQL(ToolEnv):
         self.max_rows, self.query_timeout, self.column_weight = max_rows, query_timeout, column_weight
         self._rng = random.Random()
         self.con: sqlite3.Connection | None = None
-        self.question, self.gold_sql = "", ""
+        self.question, self.gold_sql, self._database = "", "", ""
         self.gold: Result | None = None
         super().__init__(max_actions_per_turn=max_actions_per_turn, tool_timeout=max(tool_timeout, query_timeout + 1.0))
 
@@ -265,6 +266,8 @@ class SQL(ToolEnv):
             self._rng = random.Random(seed)
         self.close()
         self.con = build_database(self._rng, *self.sizes)
+        rows = [list(self.con.execute(f"SELECT * FROM {table} ORDER BY id")) for table in ("customers", "products", "orders")]
+        self._database = hashlib.sha1(repr(rows).encode()).hexdigest()[:12]
         while True:
             self.question, self.gold_sql = _questions(self.con, self._rng)
             self.gold = self._run(self.gold_sql, 10_000)
@@ -275,7 +278,8 @@ class SQL(ToolEnv):
         return f"Question: {self.question}\nTables: customers, products, orders"
 
     def task_key(self) -> str:
-        return self.question
+        """The question and a digest of the database rows: ``"How many orders ...? [db 3fa9c1d2e4b5]"``."""
+        return f"{self.question} [db {self._database}]"
 
     def verify(self, call: ToolCall) -> Verdict:
         assert self.gold is not None

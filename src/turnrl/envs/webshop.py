@@ -288,6 +288,10 @@ class WebShop(Env):
         info = {"actions": [f"click[{button}]"], "valid": True, "success": False, "reward_components": zero}
         return self.render(), 0.0, False, False, info
 
+    def task_key(self) -> str:
+        """The instruction (product type, attributes, options, price limit): what the agent is asked to buy."""
+        return self.shop.goal.text
+
     def anchor(self) -> str:
         """The goal and the view (page, query, results page, product, selected options)."""
         v = self.view

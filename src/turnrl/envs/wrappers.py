@@ -58,6 +58,9 @@ class Wrapper(Env):
     def anchor(self) -> str:
         return self.env.anchor()
 
+    def task_key(self) -> str:
+        return self.env.task_key()
+
     def solve(self) -> list[str] | None:
         return self.env.solve()
 

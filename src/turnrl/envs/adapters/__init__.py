@@ -5,7 +5,8 @@ without the packages and ``make`` names the extra to install when one is missing
 (``pip install 'turnrl[envs]'``):
 
 - :mod:`~turnrl.envs.adapters.openenv`: serve any turnrl env as an OpenEnv server (WebSocket sessions),
-  and drive any OpenEnv server as a turnrl env (``openenv-v0``);
+  and drive any OpenEnv server as a turnrl env (``openenv-v0``), through the client of
+  :mod:`~turnrl.envs.adapters.openenv_client` (typed faults, validated replies);
 - :mod:`~turnrl.envs.adapters.textarena`: TextArena's single-player games (``textarena-v0``);
 - :mod:`~turnrl.envs.adapters.reasoning_gym`: any reasoning-gym dataset, one or k attempts
   (``reasoning-gym-v0``);

@@ -168,6 +168,7 @@ class GymToyText(Env):
         self._obs: Any = None
         self._last_reward: float | None = None
         self._done = False
+        self._task_key = ""
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Gymnasium's ``reset(seed=seed, options=options)``; ``info`` is Gymnasium's info (JSON-able parts)."""
@@ -179,6 +180,9 @@ class GymToyText(Env):
             self._env = self.gym.make(self.spec_.gym_id, **{**self.gym_kwargs, "desc": desc})
         self._obs, info = self._env.reset(seed=seed, options=options)
         self._last_reward, self._done = None, False
+        self._task_key = self.anchor()
+        if self.game == "blackjack":  # the dealer's hidden card is part of the hand
+            self._task_key += f":{self._env.unwrapped.player}:{self._env.unwrapped.dealer}"
         return self.render(), _plain(info)
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -212,6 +216,11 @@ class GymToyText(Env):
         if self.random_map is not None:
             key += ":" + "/".join(b"".join(row).decode() for row in self._env.unwrapped.desc)
         return key
+
+    def task_key(self) -> str:
+        """The anchor right after reset (the start state, with the map for per-seed FrozenLake maps); Blackjack adds the
+        dealt cards, the dealer's hidden one included. Later random draws (cards, slips) are not part of the task."""
+        return self._task_key
 
     def solve(self) -> list[str] | None:
         """Shortest action names from the current state to success, by BFS over the transition table ``P``.

@@ -25,8 +25,16 @@ oracle's ``solution`` (None where the env has no oracle, with ``has_oracle`` Fal
 OpenEnv's own ``GenericEnvClient``, run on one background event loop shared by all remote envs, so
 ``areset``/``astep`` are real coroutines that never block the caller's loop (``reset``/``step`` wait for
 the same calls). Against a turnrl server the remote env reproduces the served env exactly (observations,
-rewards, flags, info keys, anchors, instructions, examples, oracle). Against any other OpenEnv server it
-maps the protocol as documented on :class:`OpenEnvRemote`.
+rewards, flags, info keys, anchors, task keys, instructions, examples, oracle). Against any other OpenEnv server
+it maps the protocol as documented on :class:`OpenEnvRemote`.
+
+Faults (:mod:`~turnrl.envs.adapters.openenv_client`). A server that cannot be reached raises
+:class:`OpenEnvUnreachable` (a ``ConnectionError`` naming the URL and how to start a server). Every reply is checked against the protocol's shape (an ``observation`` object, a
+finite or null ``reward``, a boolean ``done``, and the types of turnrl's own fields): a malformed one raises
+:class:`OpenEnvProtocolError` naming the field, so the collector ends that episode as an env error instead of
+training on it. An action the server's typed ``Action`` model rejects (``VALIDATION_ERROR``, e.g. ``"eight"``
+for an ``int`` field) is model text, not a fault: an invalid turn whose observation gives the server's reasons.
+Other server errors raise :class:`OpenEnvServerError` with the server's message and code.
 """
 
 from __future__ import annotations
@@ -40,8 +48,15 @@ import threading
 import time
 from typing import Any
 
-from turnrl.envs.adapters import require
+from turnrl.envs.adapters import openenv_client, require
+from turnrl.envs.adapters.openenv_client import (
+    TURNRL_INFO, OpenEnvProtocolError, OpenEnvServerError, OpenEnvUnreachable, Rejected,
+)
 from turnrl.envs.base import Env
+
+__all__ = [
+    "OpenEnvProtocolError", "OpenEnvRemote", "OpenEnvServer", "OpenEnvServerError", "OpenEnvUnreachable", "create_app", "main",
+]
 
 
 def _jsonable(value: Any) -> Any:
@@ -83,6 +98,7 @@ def _server_classes() -> tuple[type, type, type, type]:
         truncated: bool = Field(default=False, description="a limit (e.g. the turn limit) stopped the episode")
         info: dict[str, Any] = Field(default_factory=dict, description="turnrl's info dict (actions, valid, success, reward_components, ...)")
         anchor: str | None = Field(default=None, description="key of the current state (None if the env has none)")
+        task_key: str | None = Field(default=None, description="what makes two tasks the same (Env.task_key()), on reset")
 
     class TurnrlState(State):
         """The session's env: what a client needs beyond observations."""
@@ -111,7 +127,7 @@ def _server_classes() -> tuple[type, type, type, type]:
         def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> TextObservation:
             text, info = self.env.reset(seed=seed, options=kwargs.get("options"))
             self._episode_id, self._steps = episode_id, 0
-            return TextObservation(text=text, info=_jsonable(info), anchor=self._anchor())
+            return TextObservation(text=text, info=_jsonable(info), anchor=self._anchor(), task_key=self.env.task_key())
 
         def step(self, action: TextAction, timeout_s: float | None = None, **kwargs: Any) -> TextObservation:
             text, reward, terminated, truncated, info = self.env.step(action.text)
@@ -257,7 +273,8 @@ class OpenEnvRemote(Env):
 
     How a server's messages become the turnrl contract (a turnrl server provides every field itself):
 
-    - action: ``{action_field: response text}``;
+    - action: ``{action_field: response text}``; text the server's typed action rejects is an invalid turn
+      (its observation: the server's reasons, then the previous observation);
     - observation text: the observation's ``observation_field`` if given, else its ``text`` field, else its
       only string field, else the whole observation as sorted JSON;
     - ``terminated``/``truncated``: the observation's fields of those names, else ``done`` / False;
@@ -265,11 +282,13 @@ class OpenEnvRemote(Env):
     - info: the observation's ``info`` dict where it has turnrl's keys; otherwise ``actions`` = [the text],
       ``valid`` = True, ``success`` = done and reward > 0, ``reward_components`` = ``{"outcome": reward}``;
     - ``anchor()``: the observation's ``anchor``, else the observation text;
+    - ``task_key()``: the reset observation's ``task_key``, else the reset observation text;
     - instructions, examples, ``max_actions_per_turn`` and ``solve()``: from the session's ``state`` when
       the server is turnrl's (fetched once, lazily); otherwise ``instructions`` (give it for other
       servers), no examples, 1, and ``NotImplementedError``.
 
-    The remote env's own ``TurnLimit`` (``max_turns`` of ``make``) applies on top of the server's.
+    Replies are validated (see the module docstring). The remote env's own ``TurnLimit`` (``max_turns`` of
+    ``make``) applies on top of the server's.
 
     Args:
         url: the server's base URL (``http://host:port``; ``ws://`` works too).
@@ -290,15 +309,14 @@ class OpenEnvRemote(Env):
     ) -> None:
         if not url:
             raise ValueError("OpenEnvRemote needs the server's url, e.g. make('openenv-v0', url='http://127.0.0.1:8000')")
-        require("openenv.core", "openenv-core")
-        from openenv.core.generic_client import GenericEnvClient
-
+        client_class = openenv_client.client_class()
         self.url, self.action_field, self.observation_field = url, action_field, observation_field
-        self._client = GenericEnvClient(base_url=url, connect_timeout_s=connect_timeout_s, message_timeout_s=message_timeout_s)
+        self._client = client_class(url, connect_timeout_s=connect_timeout_s, message_timeout_s=message_timeout_s)
         self._instructions = instructions
         self._state: dict[str, Any] | None = None
         self._text = ""
         self._anchor = ""
+        self._task_key = ""
         self._closed = False
 
     # -- calls into the background loop
@@ -325,6 +343,9 @@ class OpenEnvRemote(Env):
 
     def anchor(self) -> str:
         return self._anchor
+
+    def task_key(self) -> str:
+        return self._task_key
 
     @property
     def instructions(self) -> str:  # type: ignore[override]
@@ -369,7 +390,10 @@ class OpenEnvRemote(Env):
     def _observation_text(self, observation: dict[str, Any]) -> str:
         if self.observation_field is not None:
             if self.observation_field not in observation:
-                raise KeyError(f"the server's observation has no field {self.observation_field!r}; it has {sorted(observation)}")
+                raise OpenEnvProtocolError(
+                    f"the OpenEnv server at {self.url} sent an observation without the field {self.observation_field!r} "
+                    f"(it has {sorted(observation)}); set observation_field= to one of those"
+                )
             return str(observation[self.observation_field])
         if isinstance(observation.get("text"), str):
             return observation["text"]
@@ -379,25 +403,29 @@ class OpenEnvRemote(Env):
     def _on_reset(self, result: Any) -> tuple[str, dict[str, Any]]:
         observation = dict(result.observation)
         self._text = self._observation_text(observation)
-        self._anchor = observation.get("anchor") if isinstance(observation.get("anchor"), str) else self._text
+        self._anchor = observation.get("anchor") or self._text
+        self._task_key = observation.get("task_key") or self._text
         info = observation.get("info")
         return self._text, dict(info) if isinstance(info, dict) else {}
 
     def _on_step(self, result: Any, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if isinstance(result, Rejected):
+            info = {"actions": [], "valid": False, "success": False, "reward_components": {"outcome": 0.0}}
+            return f"{result.feedback()}\n\n{self._text}", 0.0, False, False, info
         observation = dict(result.observation)
         text = self._observation_text(observation)
         reward = float(result.reward) if result.reward is not None else 0.0
         done = bool(result.done)
-        terminated = bool(observation.get("terminated", done))
-        truncated = bool(observation.get("truncated", False))
+        terminated = observation.get("terminated", done)
+        truncated = observation.get("truncated", False)
         info = observation.get("info")
-        if not (isinstance(info, dict) and {"actions", "valid", "success", "reward_components"} <= info.keys()):
+        if not (isinstance(info, dict) and TURNRL_INFO.keys() <= info.keys()):
             info = {
                 "actions": [action_text], "valid": True, "success": done and reward > 0,
                 "reward_components": {"outcome": reward},
             }
         self._text = text
-        self._anchor = observation.get("anchor") if isinstance(observation.get("anchor"), str) else text
+        self._anchor = observation.get("anchor") or text
         return text, reward, terminated, truncated, dict(info)
 
 

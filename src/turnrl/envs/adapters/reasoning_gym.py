@@ -6,7 +6,8 @@
   env's own RNG (seeded by the last seeded reset).
 - **Answer**: the last ``<answer>...</answer>`` tag of the response (reasoning-gym's ``extract_answer``).
   A response without the tag (or with an empty one) is an invalid turn: feedback, no attempt used, ``info["valid"] = False``
-  (``require_tag=False`` scores the whole response instead).
+  (``require_tag=False`` scores the whole response instead). So is an answer the dataset's ``score_answer`` raises
+  on (prime_factorization's scorer calls ``int()`` on ``2 x 3``): the feedback names the error.
 - **Reward**: the dataset's own ``score_answer(answer, entry)`` in [0, 1] (partial credit where the dataset
   gives it), paid on the step that ends the episode as the component ``"outcome"``; earlier wrong attempts
   pay 0. ``info["score"]`` holds every attempt's score. **success**: score 1.0.
@@ -100,10 +101,14 @@ class ReasoningGym(Env):
         if answer is None and not self.require_tag and action_text.strip():
             answer = action_text.strip()
         if answer is None:
-            info = {"actions": [], "valid": False, "success": False, "reward_components": {"outcome": 0.0}}
-            feedback = "No answer found. Put your final answer inside <answer></answer> tags."
-            return f"{feedback}\n\n{self.entry['question']}", 0.0, False, False, info
-        score = float(self.dataset.score_answer(answer, self.entry))
+            return self._invalid("No answer found. Put your final answer inside <answer></answer> tags.")
+        try:
+            score = float(self.dataset.score_answer(answer, self.entry))
+        except Exception as e:  # noqa: BLE001 - a scorer that cannot read the answer must not end the episode
+            return self._invalid(
+                f"Your answer could not be scored ({type(e).__name__}: {e}). Put only the final answer inside "
+                "<answer></answer>, written in the form the question asks for."
+            )
         self.used += 1
         success = self.solved = score >= 1.0
         self.done = success or self.used >= self.attempts
@@ -127,9 +132,18 @@ class ReasoningGym(Env):
             obs = f"Incorrect. {left} attempt{'s' if left > 1 else ''} left.\n\n{self.entry['question']}"
         return obs, reward, self.done, False, info
 
+    def _invalid(self, feedback: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """An invalid turn: ``feedback`` and the question again; no attempt is used."""
+        info = {"actions": [], "valid": False, "success": False, "reward_components": {"outcome": 0.0}}
+        return f"{feedback}\n\n{self.entry['question']}", 0.0, False, False, info
+
     def anchor(self) -> str:
         """``"<dataset>:<index>:<attempts used>"``."""
         return f"{self.dataset_name}:{self.index}:{self.used}"
+
+    def task_key(self) -> str:
+        """``"<dataset>: <question>"``: items with the same question are one task (small configs repeat questions)."""
+        return f"{self.dataset_name}: {self.entry['question']}"
 
     def solve(self) -> list[str] | None:
         """The dataset's reference answer in tags, or ``[]`` once solved, None once the attempts are used up.

@@ -79,7 +79,7 @@ class TextArena(Env):
             f"You play the game {game.split('-v')[0]}. Its rules and the move format come in the first message; "
             "write your move in square brackets exactly as the rules say."
         )
-        self._observation = ""
+        self._observation = self._task_key = ""
         self._done = False
 
     def _make(self) -> Any:
@@ -128,6 +128,7 @@ class TextArena(Env):
                 self._env.state.error_allowance = self.error_allowance
             self._observation = self._read_observation()
         self._done = False
+        self._task_key = self.anchor()
         return self._observation, {"game": self.game}
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -165,6 +166,11 @@ class TextArena(Env):
         """``"<game>:<hash of the game state>"``: TextArena's ``state.game_state`` (board, secret, history)."""
         blob = json.dumps(_canonical(self._env.state.game_state), sort_keys=True, default=repr)
         return f"{self.game}:{hashlib.sha1(blob.encode()).hexdigest()[:16]}"
+
+    def task_key(self) -> str:
+        """The anchor right after reset: the game and a hash of its initial state, hidden parts included (the secret
+        number of GuessTheNumber, whose observation is the same for every seed)."""
+        return self._task_key
 
     def render(self) -> str:
         return self._observation

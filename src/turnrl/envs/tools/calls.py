@@ -9,7 +9,8 @@ Two formats are read, in this order:
 
 ``"parameters"`` is accepted for ``"arguments"`` (Llama 3 style), and arguments given as a JSON string
 (OpenAI style) are decoded. Nothing here raises on model text: a tag whose body is not a JSON object with a
-string ``"name"`` becomes an error message in :attr:`ParsedCalls.errors`, for the env to show the model.
+string ``"name"`` (or is nested too deeply for Python's JSON decoder) becomes an error message in
+:attr:`ParsedCalls.errors`, for the env to show the model.
 At most ``limit`` calls are returned; the number dropped is in :attr:`ParsedCalls.dropped`.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 _TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
+_OBJECT_START = re.compile(r'\{\s*"')
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,9 @@ def parse_tool_calls(text: str, limit: int = 1) -> ParsedCalls:
             except json.JSONDecodeError as e:
                 out.errors.append(f"tool call {i} is not valid JSON ({e.msg} at character {e.pos}): {body[:80]!r}")
                 continue
+            except RecursionError:  # json's decoder recurses once per nesting level
+                out.errors.append(f"tool call {i} is nested too deeply to read: {body[:80]!r}")
+                continue
             _add(out, obj, f"tool call {i}")
     else:
         for obj in _bare_json_objects(text):
@@ -93,15 +98,26 @@ def _add(out: ParsedCalls, obj: Any, where: str) -> None:
 
 
 def _bare_json_objects(text: str) -> list[Any]:
-    """Every top-level JSON object in ``text``, scanning left to right (text between objects is skipped)."""
+    """Every top-level JSON object in ``text`` that could hold a ``"name"``, scanning left to right.
+
+    Only an opening ``{"`` starts an attempt (an object with a key opens that way), so text full of other braces
+    costs one regex pass rather than one failed decode per brace. An object nested too deeply for Python's
+    decoder (``RecursionError``) is skipped up to the last ``{"`` before its first ``}`` (where the innermost
+    object that can close starts), rather than retried at every level of the nesting.
+    """
     decoder = json.JSONDecoder()
-    found, i = [], text.find("{")
-    while i != -1:
+    found, end = [], 0
+    for start in _OBJECT_START.finditer(text):
+        if start.start() < end:  # inside an object already read, or skipped
+            continue
         try:
-            obj, end = decoder.raw_decode(text, i)
+            obj, end = decoder.raw_decode(text, start.start())
         except json.JSONDecodeError:
-            i = text.find("{", i + 1)
+            continue
+        except RecursionError:
+            close = text.find("}", start.start())
+            inner = list(_OBJECT_START.finditer(text, start.start() + 1, close)) if close != -1 else []
+            end = inner[-1].start() if inner else len(text)
             continue
         found.append(obj)
-        i = text.find("{", end)
     return found

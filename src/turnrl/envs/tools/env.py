@@ -143,7 +143,7 @@ class ToolEnv(Env):
         raise NotImplementedError
 
     def task_key(self) -> str:
-        """A short key of the task (the first part of the anchor)."""
+        """What makes two tasks the same (the :class:`~turnrl.envs.base.Env` contract); also the first part of the anchor."""
         raise NotImplementedError
 
     def verify(self, call: ToolCall) -> Verdict:
