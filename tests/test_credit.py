@@ -9,8 +9,16 @@ import statistics
 import pytest
 
 from turnrl import credit
-from turnrl.credit import CreditParams, available_estimators, episode_rewards, get_estimator, register_estimator
-from turnrl.types import Trajectory, TrajectoryGroup, Turn
+from turnrl.credit import (
+    CreditParams,
+    ValueInputs,
+    available_estimators,
+    episode_rewards,
+    estimator_flag,
+    get_estimator,
+    register_estimator,
+)
+from turnrl.types import Termination, Trajectory, TrajectoryGroup, Turn
 
 GRPO = CreditParams()
 DR_GRPO = CreditParams(norm_std=False)
@@ -227,3 +235,70 @@ def test_params_are_frozen():
     with pytest.raises(Exception):
         GRPO.eps = 1.0  # type: ignore[misc]
     assert math.isclose(CreditParams().eps, 1e-6)
+
+
+# ------------------------------------------------------------------ env errors never enter the statistics
+
+
+def _err_turn(t: int, reward: float, n_tokens: int) -> Turn:
+    return Turn(prompt_ids=[1], response_ids=[2] * n_tokens, logprobs=[-0.1] * n_tokens, observation="o",
+                response_text="r", reward=reward, anchor=f"s{t}")
+
+
+def _err_traj(uid: int, rewards: list[float], termination: Termination = Termination.TERMINATED) -> Trajectory:
+    """Trajectory ``uid`` (its seed): turn t pays ``rewards[t]``, has 1 + (uid + t) % 3 response tokens, anchor s<t>."""
+    turns = [_err_turn(t, r, 1 + (uid + t) % 3) for t, r in enumerate(rewards)]
+    return Trajectory(env_id="e", seed=uid, turns=turns, termination=termination)
+
+
+def _err_params(est, groups: list[TrajectoryGroup]) -> CreditParams:
+    """Params every estimator can run on; critic values and greedy baselines are functions of the trajectory or group."""
+    trajs = [t for g in groups for t in g.trajectories]
+    values = ValueInputs([[[0.1 * t.seed + 0.05 * j - 0.02 * k for k in range(len(turn.response_ids))]
+                           for j, turn in enumerate(t.turns)] for t in trajs], [0.3 * t.seed for t in trajs])
+    return CreditParams(gamma=0.9, values=values if estimator_flag(est, "needs_critic") else None,
+                        baseline_rewards=tuple(0.25 * g.seed for g in groups))
+
+
+def _err_groups(with_errors: bool) -> list[TrajectoryGroup]:
+    """Three groups of varied trajectories; with errors, env-error trajectories (huge rewards, shared anchors,
+    response tokens) join group 0 and group 2, which without them is a singleton, and fill a fourth group."""
+    rng = random.Random(7)
+    good = [[_err_traj(10 * gi + k, [rng.choice([0.0, 0.5, 1.0, -0.2]) for _ in range(rng.randint(1, 3))])
+             for k in range(3 if gi < 2 else 1)] for gi in range(3)]
+    if with_errors:
+        good[0].insert(1, _err_traj(90, [7.0, 7.0], Termination.ENV_ERROR))
+        good[2].append(_err_traj(91, [-5.0, 3.0], Termination.ENV_ERROR))
+        good.append([_err_traj(92, [4.0, 0.0], Termination.ENV_ERROR), _err_traj(93, [0.0, 0.0], Termination.ENV_ERROR)])
+    return [TrajectoryGroup("e", gi, trajs) for gi, trajs in enumerate(good)]
+
+
+@pytest.mark.parametrize("name", available_estimators())
+def test_env_error_trajectories_leave_every_other_advantage_unchanged_and_get_zero(name):
+    est = get_estimator(name)
+    clean, dirty = _err_groups(False), _err_groups(True)
+    before, after = est(clean, _err_params(est, clean)), est(dirty, _err_params(est, dirty))
+    flat = [t for g in dirty for t in g.trajectories]
+    errors = [i for i, t in enumerate(flat) if t.termination == Termination.ENV_ERROR]
+    kept = [i for i in range(len(flat)) if i not in errors]
+    assert [len(after.turns[i]) for i in kept] == [len(a) for a in before.turns]
+    assert [a for i in kept for a in after.turns[i]] == _approx([a for traj in before.turns for a in traj], rel=1e-12, abs_=1e-12)
+    assert [after.turns[i] for i in errors] == [[0.0, 0.0]] * 4
+    if before.tokens is not None:
+        assert [x for i in kept for turn in after.tokens[i] for x in turn] == _approx(
+            [x for traj in before.tokens for turn in traj for x in turn], rel=1e-12, abs_=1e-12)
+        assert all(x == 0.0 for i in errors for turn in after.tokens[i] for x in turn)
+    if name in ("grpo", "rloo", "grpo_turn", "gigpo"):  # group 2 is a singleton with or without its env error
+        assert before.turns[-1] == [0.0] * len(before.turns[-1])
+
+
+def test_group_counts_exclude_env_errors_first():
+    err = Termination.ENV_ERROR
+    groups = [
+        TrajectoryGroup("e", 0, [_err_traj(0, [1.0]), _err_traj(1, [0.0])]),
+        TrajectoryGroup("e", 1, [_err_traj(2, [1.0]), _err_traj(3, [0.0], err)]),  # a singleton once the error is out
+        TrajectoryGroup("e", 2, [_err_traj(4, [1.0], err), _err_traj(5, [0.0], err)]),  # nothing left: not a singleton
+        TrajectoryGroup("e", 3, [_err_traj(6, [1.0])]),
+    ]
+    assert credit.group_counts(groups) == credit.GroupCounts(singleton_groups=2, env_error_trajectories=3)
+    assert credit.group_counts([]) == credit.GroupCounts(singleton_groups=0, env_error_trajectories=0)

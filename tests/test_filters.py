@@ -1,7 +1,7 @@
 import pytest
 
 from turnrl.credit.filters import apply_group_mask, keep_informative_groups, mask_overlong
-from turnrl.types import Advantages, Trajectory, TrajectoryGroup, Turn
+from turnrl.types import Advantages, Termination, Trajectory, TrajectoryGroup, Turn
 
 
 def _group(rewards, finish=None):
@@ -29,3 +29,9 @@ def test_apply_group_mask_zeroes_whole_groups_in_flattened_order():
 def test_mask_overlong_zeroes_only_cut_turns():
     groups = [_group([1.0, 0.0], finish="length"), _group([1.0, 0.0])]
     assert mask_overlong(groups, Advantages([[1.0], [-1.0], [1.0], [-1.0]])).turns == [[0.0], [0.0], [1.0], [-1.0]]
+
+
+def test_env_errors_do_not_count_towards_a_groups_spread():
+    steady = _group([1.0, 1.0])
+    steady.trajectories.append(Trajectory("e", 0, [Turn([], [1], [0.0], "o", "r", reward=0.0)], Termination.ENV_ERROR))
+    assert keep_informative_groups([steady, _group([0.0, 1.0])], 1.0) == [False, True]

@@ -153,3 +153,20 @@ def test_gigpo_similar_anchors_share_a_step_group():
     assert anchor_clusters([a, b, a], 1.0) == [0, 1, 0]
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         anchor_clusters([a], 0.0)
+
+
+@pytest.mark.parametrize("name", ["ppo_token", "ppo_turn", "reinforce_pp"])
+@pytest.mark.parametrize("std, scale", [("population", (2 / 3) ** 0.5), ("unbiased", 1.0)])
+def test_whitening_std_population_or_unbiased(name, std, scale):
+    # one 1-token turn each, V = 0, gamma = lam = 1: raw advantages (and returns) 1, 0, 2 -> mean 1, deviations 0, -1, 1;
+    # population variance 2/3 (OpenRLHF), unbiased variance 2/2 = 1 (TRL's and verl's masked_whiten)
+    groups = [TrajectoryGroup("e", 0, [_traj([1.0]), _traj([0.0]), _traj([2.0])])]
+    params = _params([[[0.0]]] * 3, [0.0] * 3, whiten=True, whiten_std=std, eps=0.0)
+    adv = credit.get_estimator(name)(groups, params)
+    assert [a[0] for a in adv.turns] == pytest.approx([0.0, -1 / scale, 1 / scale])
+
+
+def test_whitening_std_must_be_known():
+    groups = [TrajectoryGroup("e", 0, [_traj([1.0]), _traj([0.0])])]
+    with pytest.raises(ValueError, match="'population' or 'unbiased'"):
+        credit.ppo_turn(groups, _params([[[0.0]]] * 2, [0.0] * 2, whiten=True, whiten_std="sample"))

@@ -52,3 +52,19 @@ def test_repeated_state_within_one_trajectory_is_grouped():
     adv = gigpo([g], CreditParams(norm_std=False, gamma=1.0, step_weight=1.0)).turns
     # s0 returns: C0 = 1, C1 = 1, D0 = 0 -> mean 2/3
     assert adv[0] == pytest.approx([0.5 + 1 / 3, 0.5 + 1 / 3]) and adv[1] == pytest.approx([-0.5 - 2 / 3, -0.5])
+
+
+def test_episode_pooling_over_trajectories_or_over_step_rows():
+    # A takes 3 steps and earns R = 1, B takes 1 step and earns 0; no shared anchor, so only the episode term is left.
+    g = TrajectoryGroup("e", 0, [_traj(["a0", "a1", "a2"], [0.0, 0.0, 1.0]), _traj(["b0"], [0.0])])
+    # trajectory pool {1, 0}: mean 1/2, sample std sqrt(1/2) -> +-(1/2) / sqrt(1/2) = +-sqrt(1/2)
+    # step pool {1, 1, 1, 0}: mean 3/4, sample variance (3 * (1/4)^2 + (3/4)^2) / 3 = 1/4, std 1/2 -> 1/2 and -3/2
+    traj = gigpo([g], CreditParams(eps=0.0)).turns
+    assert traj[0] == pytest.approx([2 ** -0.5] * 3) and traj[1] == pytest.approx([-(2 ** -0.5)])
+    step = gigpo([g], CreditParams(eps=0.0, gigpo_pooling="step")).turns
+    assert step[0] == pytest.approx([0.5] * 3) and step[1] == pytest.approx([-1.5])
+    mean_only = gigpo([g], CreditParams(norm_std=False, gigpo_pooling="step")).turns
+    assert mean_only == [[0.25] * 3, [-0.75]]  # centred on the step-weighted mean 3/4
+    assert gigpo([g], CreditParams(norm_std=False)).turns == [[0.5] * 3, [-0.5]]
+    with pytest.raises(ValueError, match="'trajectory' or 'step'"):
+        gigpo([g], CreditParams(gigpo_pooling="steps"))

@@ -1,7 +1,15 @@
-"""The learner's layout tricks (shared prefix, logits on response positions only, bucketing) are exact."""
+"""The learner's layout tricks (shared prefix, logits on response positions only, bucketing) are exact, and its
+losses (Dr.GRPO's constant normaliser, GSPO, the entropy bonus, the k3 clamp) have the values the formulas give."""
 
+import copy
+import dataclasses
+import math
+
+import pytest
 import torch
 
+from turnrl.config import load_config
+from turnrl.learner import Learner, LearnerParams
 from turnrl.learner.samples import build_samples, collate, micro_batches, shared_prefix_len
 from turnrl.types import Advantages, Termination, TrainSample, Trajectory, Turn
 
@@ -125,3 +133,91 @@ def test_left_padded_keeps_each_suffix_flush_right_and_masks_only_padding():
     assert ids[0, -3:].tolist() == [1, 2, 3] and ids[1, -1].item() == 4 and ids[2].eq(0).all()
     assert att[:, :2].eq(1).all()
     assert att.sum(1).tolist() == [5, 3, 2]  # prefix + real tokens, nothing else
+
+
+# ------------------------------------------------------------------ the update's loss, against hand computation
+
+
+def _params(*overrides: str, **fields) -> LearnerParams:
+    """Learner parameters from the config (so the config -> params mapping is exercised), lr 0 unless given."""
+    params = LearnerParams.from_config(load_config(None, ["model.autocast_bf16=false", *overrides]))
+    return dataclasses.replace(params, **{"lr": 0.0, **fields})
+
+
+def _with_log_ratio(model, samples, log_ratios=None):
+    """Set each sample's behaviour logprobs to the model's own minus ``log_ratios[b]`` (one per loss token; 0 = on-policy)."""
+    for b, s in enumerate(samples):
+        lp = _reference_logprobs(model, s).tolist()
+        offsets = log_ratios[b] if log_ratios else [0.0] * len(lp)
+        values = iter(x - d for x, d in zip(lp, offsets, strict=True))
+        s.behaviour_logprobs = [next(values) if m else 0.0 for m in s.loss_mask]
+    return samples
+
+
+def test_learner_params_from_config():
+    p = LearnerParams.from_config(load_config(None, ["env.max_turns=5", "rollout.max_new_tokens=7"]))
+    assert p.norm_len == 35.0  # an episode's response-token budget: max_turns * max_new_tokens
+    assert p.kl_clamp == 10.0  # on by default, as verl's low_var_kl
+
+
+def test_seq_mean_token_sum_norm_gives_per_step_and_full_layouts_the_same_loss(tokenizer, tiny_model):
+    g = torch.Generator().manual_seed(3)
+
+    def ids(n):
+        return torch.randint(5, 1000, (n,), generator=g).tolist()
+
+    turns = [[Turn(ids(4 + t), ids(1 + (i + t) % 3), [0.0] * (1 + (i + t) % 3), "o", "r") for t in range(n)]
+             for i, n in enumerate([1, 2, 3])]
+    adv = Advantages([[1.0], [-0.5, 0.25], [0.3, -0.7, 0.2]])
+    params = _params("algo.loss_agg=seq-mean-token-sum-norm", "env.max_turns=4", "rollout.max_new_tokens=3")
+    loss = {}
+    for context in ("per_step", "full"):
+        trajs = [Trajectory("e", i, ts, Termination.TERMINATED, context=context) for i, ts in enumerate(turns)]
+        samples = _with_log_ratio(tiny_model, build_samples(trajs, adv))
+        assert len(samples) == (6 if context == "per_step" else 3)
+        loss[context] = Learner(tiny_model, params, tokenizer.pad_token_id).update(samples)["train/loss"]
+    # ratio 1, so the loss is -sum of A over response tokens / (3 episodes * 4 turns * 3 tokens), in either layout
+    token_sum = sum(a * len(turn.response_ids) for ts, row in zip(turns, adv.turns) for turn, a in zip(ts, row))
+    assert loss["per_step"] == pytest.approx(-token_sum / 36, rel=1e-5)
+    assert loss["full"] == pytest.approx(-token_sum / 36, rel=1e-5)
+
+
+def test_gspo_in_the_learner_uses_each_sequences_hand_computed_ratio(tokenizer, tiny_model):
+    samples = _samples(n=3)  # responses of 2, 3, 4 tokens with advantages 1, 2, 3
+    deltas = [[0.1, -0.3], [0.2, 0.2, -0.1], [0.05, 0.0, 0.3, -0.2]]
+    _with_log_ratio(tiny_model, samples, deltas)
+    params = _params("algo.ratio_level=sequence", clip_low=0.9, clip_high=10.0)
+    m = Learner(tiny_model, params, tokenizer.pad_token_id).update(samples)
+    s = [math.exp(sum(d) / len(d)) for d in deltas]  # GSPO: exp(mean token log-ratio), the same on every token
+    n = [len(d) for d in deltas]
+    assert m["train/ratio_mean"] == pytest.approx(sum(si * ni for si, ni in zip(s, n)) / 9, rel=1e-5)
+    assert m["train/ratio_max"] == pytest.approx(max(s), rel=1e-5)
+    assert m["train/loss"] == pytest.approx(-sum(si * ni * (1 + b) for b, (si, ni) in enumerate(zip(s, n))) / 9, rel=1e-5)
+
+
+def test_entropy_bonus_is_subtracted_and_its_step_raises_the_entropy(tokenizer, tiny_model):
+    samples = _with_log_ratio(tiny_model, _samples(n=3))
+    for s in samples:
+        s.advantages = [0.0] * len(s)  # the bonus is the whole loss
+    learner = Learner(tiny_model, _params(entropy_coef=0.5, lr=1e-3), tokenizer.pad_token_id)
+    first = learner.update(samples)
+    assert first["train/loss"] == pytest.approx(-0.5 * first["train/entropy"], rel=1e-6)
+    second = learner.update(samples)  # its entropy is measured after the first step
+    assert second["train/entropy"] > first["train/entropy"]
+
+
+def test_the_learner_clamps_k3_by_default(tokenizer, tiny_model):
+    ref = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        ref.model.norm.weight.mul_(300.0)  # a sharply peaked reference
+    ids = torch.randint(5, 1000, (8,), generator=torch.Generator().manual_seed(4)).tolist()
+    for _ in range(3):  # respond with the reference's greedy tokens: p_ref ~ 1 where the policy is near uniform
+        with torch.no_grad():
+            ids.append(int(ref(torch.tensor([ids])).logits[0, -1].argmax()))
+    sample = TrainSample(ids, [0] * 8 + [1] * 3, [0.0] * 11, [0.0] * 11)
+    _with_log_ratio(tiny_model, [sample])
+    params = _params("model.reference=true", "algo.kl_coef=0.1")
+    clamped = Learner(tiny_model, params, tokenizer.pad_token_id, ref_model=ref).update([sample])
+    raw = Learner(tiny_model, dataclasses.replace(params, kl_clamp=0.0), tokenizer.pad_token_id, ref_model=ref).update([sample])
+    assert raw["train/kl"] > 1e3  # p_ref / p ~ vocabulary size
+    assert clamped["train/kl"] == pytest.approx(10.0) and math.isfinite(clamped["train/grad_norm"])

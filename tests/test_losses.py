@@ -194,6 +194,25 @@ def test_k3_nonnegative_finite_and_clamped():
     assert float(x.grad) == pytest.approx(1 - math.exp(0.2), rel=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["k3", "k3+"])
+def test_kl_clamp_bounds_k3_and_keeps_gradients_finite(kind):
+    # ref-lp = 15: unclamped k3 = e^15 - 15 - 1 = 3.27e6; clamped to c = 10 as verl's low_var_kl
+    lp = torch.tensor([[-15.0, -0.3]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[0.0, -0.1]], dtype=torch.float64)
+    assert kl_penalty(lp, ref, kind)[0, 0].item() == pytest.approx(math.exp(15) - 16)
+    kl = kl_penalty(lp, ref, kind, clamp=10.0)
+    assert kl[0].tolist() == pytest.approx([10.0, math.exp(0.2) - 0.2 - 1])  # inside the clamp: unchanged
+    (g,) = torch.autograd.grad(kl.sum(), lp)
+    assert torch.all(torch.isfinite(g))
+    # k3: zero gradient where clamped (torch.clamp), 1 - p_ref/p inside; k3+: k2's gradient d everywhere
+    expected = [0.0, 1 - math.exp(0.2)] if kind == "k3" else [-15.0, -0.2]
+    assert g[0].tolist() == pytest.approx(expected)
+    assert torch.equal(kl_penalty(lp, ref, kind, clamp=0.0), kl_penalty(lp, ref, kind))  # 0 = off
+    assert kl_penalty(lp, ref, "k1", clamp=10.0)[0, 0].item() == -15.0  # k1 and k2 are never clamped
+    with pytest.raises(ValueError, match="kl clamp must be >= 0"):
+        kl_penalty(lp, ref, kind, clamp=-1.0)
+
+
 # ------------------------------------------------------------------ token logprobs and entropy
 
 

@@ -75,3 +75,8 @@ def test_running_norm_matches_numpy_and_kl_penalty_is_a_component():
     ctl = KLController(0.1, target=1.0, horizon=10)
     ctl.update(kl=10.0, n=5)  # far above target: error clipped to 0.2 -> beta * (1 + 0.2 * 5 / 10)
     assert ctl.beta == pytest.approx(0.11)
+
+
+def test_a_group_whose_greedy_episode_failed_has_no_baseline():
+    adv = credit.remax([_group([1.0, 0.0]), _group([0.5])], CreditParams(baseline_rewards=(None, 1.0)))
+    assert adv.turns == [[0.0, 0.0], [0.0, 0.0], [-0.5, -0.5]]

@@ -5,19 +5,24 @@
 
 Built in: ``grpo`` (and Dr.GRPO via ``norm_std=False``), ``rloo``, ``grpo_turn``, ``gigpo``, ``reinforce_pp``, ``reinforce_pp_baseline``,
 ``remax``, and with a critic ``ppo_token``, ``ppo_turn``, ``ppo_bilevel`` (GAE, see ``gae.py``).
-Add one with ``@register_estimator("name")`` on a function of the same signature.
+Add one with ``@register_estimator("name")`` on a function of the same signature. Trajectories that ended in an
+env error are left out of every registered estimator's statistics and get advantage 0 (``base.py``);
+``group_counts(groups)`` counts them and the singleton groups left behind, for logging.
 """
 
 from turnrl.credit.base import (
     Advantages,
     CreditParams,
     Estimator,
+    GroupCounts,
     ValueInputs,
     estimator_flag,
     available_estimators,
     episode_rewards,
     get_estimator,
+    group_counts,
     register_estimator,
+    without_env_errors,
 )
 from turnrl.credit.outcome import grpo, rloo
 from turnrl.credit.turn import grpo_turn, turn_returns
@@ -47,4 +52,7 @@ __all__ = [
     "ValueInputs",
     "estimator_flag",
     "turn_returns",
+    "GroupCounts",
+    "group_counts",
+    "without_env_errors",
 ]

@@ -16,18 +16,20 @@ from typing import Sequence
 
 import numpy as np
 
+from turnrl.credit.base import without_env_errors
 from turnrl.types import Advantages, TrajectoryGroup
 
 
 def keep_informative_groups(groups: Sequence[TrajectoryGroup], fraction: float) -> list[bool]:
     """Per group, whether to train on it: the ``ceil(fraction * n)`` groups with the largest reward std.
 
-    Groups with zero reward variance are never kept (they have no group-relative signal). Ties keep the
-    earlier group, so the choice is deterministic. ``fraction = 1`` keeps every group with any variance.
+    The std is over the group's trajectories that are trained on (env errors are left out, as the estimators
+    leave them out). Groups with zero reward variance are never kept (they have no group-relative signal).
+    Ties keep the earlier group, so the choice is deterministic. ``fraction = 1`` keeps every group with any variance.
     """
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction={fraction} must be in (0, 1]")
-    spread = [float(np.std(g.rewards)) if len(g.trajectories) > 1 else 0.0 for g in groups]
+    spread = [float(np.std(g.rewards)) if len(g.trajectories) > 1 else 0.0 for g in without_env_errors(groups)]
     order = sorted(range(len(groups)), key=lambda i: (-spread[i], i))
     budget = math.ceil(fraction * len(groups))
     keep = [False] * len(groups)

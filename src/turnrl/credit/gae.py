@@ -9,8 +9,8 @@ critic values V_k:
 
 with V_N the value after the last step: ``ValueInputs.bootstrap`` when the episode was **truncated**
 (turn or context limit: the episode could have gone on, so the future is estimated by the critic) and 0
-when it **terminated** (no future) or ended in an env error. gamma = lam = 1 gives A_k = (sum of future
-rewards) - V_k; lam = 0 gives the one-step TD error.
+when it **terminated** (no future). gamma = lam = 1 gives A_k = (sum of future rewards) - V_k; lam = 0 gives
+the one-step TD error.
 
 Three ways to lay a multi-turn episode out as that sequence (the estimators below):
 
@@ -31,10 +31,14 @@ Three ways to lay a multi-turn episode out as that sequence (the estimators belo
   REINFORCE-with-baseline estimate.
 
 Conventions. Values are read from ``params.values`` (the trainer fills them when ``algo.critic`` is on);
-without them these estimators raise. With ``params.whiten`` the advantages are whitened over the batch
-(mean 0 and population std 1 over every response token, as OpenRLHF and TRL's PPO do), returns are never
-whitened. A turn with no response tokens has an empty token list; turn-level estimators still give it
-its A_t. Trajectories that ended in an env error get advantage 0 (the learner drops them anyway).
+without them these estimators raise. With ``params.whiten`` the advantages are whitened over the batch:
+A <- (A - mean) / (std + eps) over every response token (``ppo_turn``: each turn's A_t weighted by its token
+count), with ``params.whiten_std`` choosing the std: ``population`` (divide by n, as OpenRLHF normalises PPO
+advantages) or ``unbiased`` (divide by n - 1, as TRL's and verl's ``masked_whiten``); see
+:func:`turnrl.credit.base.batch_std`. Returns are never whitened. A turn with no response tokens has an
+empty token list; turn-level estimators still give it its A_t. Trajectories that ended in an env error are
+left out before any of this (``register_estimator``) and get advantage 0; their value targets are still
+computed, and the critic skips them.
 """
 
 from __future__ import annotations
@@ -43,8 +47,8 @@ from typing import Sequence
 
 import numpy as np
 
-from turnrl.credit.base import CreditParams, ValueInputs, register_estimator
-from turnrl.types import Advantages, Termination, Trajectory, TrajectoryGroup
+from turnrl.credit.base import CreditParams, ValueInputs, batch_std, register_estimator
+from turnrl.types import Advantages, Trajectory, TrajectoryGroup
 
 ValueTargets = tuple[list[list[list[float]]], list[list[list[int]]]]
 """``(returns, mask)``: per trajectory, per turn, per response token the value target and whether that
@@ -110,7 +114,7 @@ def _require_values(groups: Sequence[TrajectoryGroup], params: CreditParams, nam
 
 
 def _next_value(traj: Trajectory, bootstrap: float) -> float:
-    """The value after the last step: the critic's estimate on truncation, 0 on termination or env error."""
+    """The value after the last step: the critic's estimate on truncation, 0 otherwise."""
     return float(bootstrap) if traj.termination.truncated else 0.0
 
 
@@ -119,14 +123,20 @@ def _turn_values(token_values: list[list[float]], fallback: float) -> list[float
     return [tv[0] if tv else fallback for tv in token_values]
 
 
+def _token_stats(per_token: list[list[np.ndarray]], params: CreditParams) -> tuple[float, float] | None:
+    """Mean and std (``params.whiten_std``, see :func:`batch_std`) over every response token of the batch;
+    None when there are fewer than two tokens."""
+    parts = [a for traj in per_token for a in traj if a.size]
+    flat = np.concatenate(parts) if parts else np.zeros(0)
+    return (float(flat.mean()), batch_std(flat, params)) if flat.size >= 2 else None
+
+
 def _whiten(adv: list[list[np.ndarray]], params: CreditParams) -> None:
-    """Whiten in place over every response token of the batch (population std)."""
-    if not params.whiten:
+    """With ``params.whiten``, whiten in place: (A - mean) / (std + eps) over every response token of the batch."""
+    stats = _token_stats(adv, params) if params.whiten else None
+    if stats is None:
         return
-    flat = np.concatenate([a for traj in adv for a in traj if a.size]) if any(a.size for traj in adv for a in traj) else np.zeros(0)
-    if flat.size < 2:
-        return
-    mean, std = flat.mean(), flat.std()
+    mean, std = stats
     for traj in adv:
         for t, a in enumerate(traj):
             traj[t] = (a - mean) / (std + params.eps)
@@ -152,10 +162,7 @@ def _token_level(groups, params: CreditParams) -> tuple[list[list[np.ndarray]], 
             if pos >= 0:
                 rewards[pos] += turn.reward
         values = np.asarray([v for x in tv for v in x], dtype=np.float64)
-        if traj.termination == Termination.ENV_ERROR:
-            a, r = np.zeros_like(values), values.copy()
-        else:
-            a, r = gae(rewards, values, _next_value(traj, boot), params.gamma_token, params.lam)
+        a, r = gae(rewards, values, _next_value(traj, boot), params.gamma_token, params.lam)
         adv_out.append(_split(a, lengths))
         ret_out.append(_split(r, lengths))
     return adv_out, ret_out
@@ -167,10 +174,7 @@ def _turn_level(groups, params: CreditParams) -> tuple[list[list[float]], list[l
     for traj, tv, boot in zip(_flat(groups), vals.token_values, vals.bootstrap):
         v_turn = np.asarray(_turn_values(tv, boot), dtype=np.float64)
         rewards = np.asarray([turn.reward for turn in traj.turns], dtype=np.float64)
-        if traj.termination == Termination.ENV_ERROR:
-            a, r = np.zeros_like(v_turn), v_turn.copy()
-        else:
-            a, r = gae(rewards, v_turn, _next_value(traj, boot), params.gamma, params.lam)
+        a, r = gae(rewards, v_turn, _next_value(traj, boot), params.gamma, params.lam)
         adv_out.append(a.tolist())
         ret_out.append(r.tolist())
     return adv_out, ret_out
@@ -185,7 +189,7 @@ def _bi_level(groups, params: CreditParams) -> tuple[list[list[np.ndarray]], lis
         a_traj, r_traj = [], []
         for t, (turn, x) in enumerate(zip(traj.turns, tv)):
             values = np.asarray(x, dtype=np.float64)
-            if traj.termination == Termination.ENV_ERROR or values.size == 0:
+            if values.size == 0:
                 a_traj.append(np.zeros_like(values))
                 r_traj.append(values.copy())
                 continue
@@ -219,13 +223,12 @@ def ppo_turn(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advanta
     if not groups:
         return Advantages([])
     adv, _ = _turn_level(groups, params)
-    if params.whiten:
-        trajs = _flat(groups)
-        as_tokens = [[np.full(len(turn.response_ids), a) for turn, a in zip(traj.turns, ad)] for traj, ad in zip(trajs, adv)]
-        flat = np.concatenate([x for traj in as_tokens for x in traj]) if as_tokens and any(x.size for traj in as_tokens for x in traj) else np.zeros(0)
-        if flat.size >= 2:  # token-weighted statistics, as for the token-level estimators
-            mean, std = flat.mean(), flat.std()
-            adv = [[float((a - mean) / (std + params.eps)) for a in traj] for traj in adv]
+    as_tokens = [[np.full(len(turn.response_ids), a) for turn, a in zip(traj.turns, ad)]
+                 for traj, ad in zip(_flat(groups), adv)]
+    stats = _token_stats(as_tokens, params) if params.whiten else None  # token-weighted, as the token-level estimators
+    if stats is not None:
+        mean, std = stats
+        adv = [[(a - mean) / (std + params.eps) for a in traj] for traj in adv]
     return Advantages([[float(a) for a in traj] for traj in adv])
 
 

@@ -21,23 +21,50 @@ from turnrl.credit.base import (
 from turnrl.types import Advantages, TrajectoryGroup
 
 
-def _group_stats(groups: Sequence[TrajectoryGroup]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _group_stats(
+    groups: Sequence[TrajectoryGroup], weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Flat rewards, group ids, group sizes, group sums and a per-trajectory "no baseline" flag.
 
-    The flag is set for trajectories whose group is a singleton or has all-equal rewards; their
-    advantage is exactly 0 (checked with max == min, not with a float std that may come out 1e-17).
+    ``weights`` (one per trajectory, default 1) says how many members of the pool a trajectory is: sizes are
+    sums of weights and sums are weighted. The flag is set for trajectories whose group pools fewer than two
+    members or whose members (weight > 0) all have the same reward; their advantage is exactly 0 (checked
+    with max == min, not with a float std that may come out 1e-17).
     """
     r = np.asarray([x for rs in episode_rewards(groups) for x in rs], dtype=np.float64)
+    w = np.ones_like(r) if weights is None else np.asarray(weights, dtype=np.float64)
     gid = flat_group_index(groups)
     n_groups = len(groups)
-    k = np.bincount(gid, minlength=n_groups).astype(np.float64)
-    s = np.bincount(gid, weights=r, minlength=n_groups)
+    k = np.bincount(gid, weights=w, minlength=n_groups)
+    s = np.bincount(gid, weights=w * r, minlength=n_groups)
     hi = np.full(n_groups, -np.inf)
     lo = np.full(n_groups, np.inf)
-    np.maximum.at(hi, gid, r)
-    np.minimum.at(lo, gid, r)
+    np.maximum.at(hi, gid, np.where(w > 0, r, -np.inf))
+    np.minimum.at(lo, gid, np.where(w > 0, r, np.inf))
     degenerate = ((k < 2) | (hi == lo))[gid]
     return r, gid, k, s, degenerate
+
+
+def group_normalised(
+    groups: Sequence[TrajectoryGroup], params: CreditParams, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """Per trajectory (flattened order), GRPO's ``(R_i - mean) / (std + eps)`` (``R_i - mean`` without ``norm_std``)
+    over its group's pool, where trajectory i is ``weights[i]`` members of the pool (default 1):
+
+        mean = sum_j w_j R_j / n,   std = sqrt(sum_j w_j (R_j - mean)^2 / (n - 1)),   n = sum_j w_j
+
+    and 0 where the pool has no baseline (see :func:`_group_stats`).
+    """
+    r, gid, k, s, degenerate = _group_stats(groups, weights)
+    if r.size == 0:
+        return r
+    w = 1.0 if weights is None else np.asarray(weights, dtype=np.float64)
+    mean = s / np.maximum(k, 1.0)
+    centred = r - mean[gid]
+    if params.norm_std:
+        var = np.bincount(gid, weights=w * centred * centred, minlength=len(groups)) / np.maximum(k - 1.0, 1.0)
+        centred = centred / (np.sqrt(var)[gid] + params.eps)
+    return np.where(degenerate, 0.0, centred)
 
 
 @register_estimator("grpo")
@@ -65,16 +92,7 @@ def grpo(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages:
     - The mean includes R_i itself (as in the paper); ``rloo`` excludes it.
     - ``params.gamma`` is ignored: the advantage is the same for every turn.
     """
-    r, gid, k, s, degenerate = _group_stats(groups)
-    if r.size == 0:
-        return broadcast_to_turns(groups, r)
-    mean = s / np.maximum(k, 1.0)
-    centred = r - mean[gid]
-    if params.norm_std:
-        var = np.bincount(gid, weights=centred * centred, minlength=len(groups)) / np.maximum(k - 1.0, 1.0)
-        centred = centred / (np.sqrt(var)[gid] + params.eps)
-    adv = np.where(degenerate, 0.0, centred)
-    return broadcast_to_turns(groups, adv)
+    return broadcast_to_turns(groups, group_normalised(groups, params))
 
 
 @register_estimator("rloo")

@@ -6,21 +6,21 @@ from typing import Sequence
 
 import numpy as np
 
-from turnrl.credit.base import CreditParams, register_estimator
+from turnrl.credit.base import CreditParams, batch_std, register_estimator
 from turnrl.credit.turn import turn_returns
 from turnrl.types import Advantages, TrajectoryGroup
 
 
-def _whiten(groups: Sequence[TrajectoryGroup], returns: list[list[float]], params: CreditParams) -> Advantages:
+def _whiten(returns: list[list[float]], params: CreditParams) -> Advantages:
+    """(G - mean_B G) / (std_B G + eps) over every turn of the batch (only centred without ``norm_std``);
+    a batch of fewer than two turns, or of equal returns, gets 0."""
     flat = np.asarray([x for rs in returns for x in rs], dtype=np.float64)
-    if flat.size == 0:
-        return Advantages([[] for _ in returns])
     if not np.all(np.isfinite(flat)):
         raise ValueError("a turn reward is not finite")
-    mean = flat.mean()
     if flat.size < 2 or flat.max() == flat.min():
         return Advantages([[0.0] * len(rs) for rs in returns])
-    scale = (flat.std() + params.eps) if params.norm_std else 1.0
+    mean = flat.mean()
+    scale = (batch_std(flat, params) + params.eps) if params.norm_std else 1.0
     return Advantages([[float((x - mean) / scale) for x in rs] for rs in returns])
 
 
@@ -33,12 +33,15 @@ def reinforce_pp(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Adv
 
     No group baseline: trajectories of different tasks share one mean and std, which is what makes it
     robust when a group's rewards are all equal (its turns still get a signal relative to the batch).
-    Conventions: population std (as OpenRLHF's ``masked_whiten``), ``norm_std=False`` only centres. The
-    paper folds a per-token KL penalty into the reward; here KL stays a separate loss term
+    Conventions: the std is ``params.whiten_std`` (:func:`turnrl.credit.base.batch_std`): ``population`` by
+    default, as OpenRLHF normalises REINFORCE++ advantages, or ``unbiased``, as verl's ``masked_whiten``;
+    ``norm_std=False`` only centres. Statistics are per turn, not per token as in OpenRLHF (every token of a
+    turn shares its advantage, so OpenRLHF's token-weighted statistics would weight long responses more).
+    The paper folds a per-token KL penalty into the reward; here KL stays a separate loss term
     (``algo.kl_coef``), so the estimator sees env rewards only.
     """
     returns = [turn_returns([turn.reward for turn in t.turns], params.gamma) for g in groups for t in g.trajectories]
-    return _whiten(groups, returns, params)
+    return _whiten(returns, params)
 
 
 @register_estimator("reinforce_pp_baseline")
@@ -57,4 +60,4 @@ def reinforce_pp_baseline(groups: Sequence[TrajectoryGroup], params: CreditParam
         pool = [x for rs in returns for x in rs]
         mean = float(np.mean(pool)) if len(g.trajectories) > 1 and pool else None
         centred.extend([[x - mean if mean is not None else 0.0 for x in rs] for rs in returns])
-    return _whiten(groups, centred, params)
+    return _whiten(centred, params)

@@ -22,8 +22,9 @@ def remax(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages
 
     Conventions and deviations: the paper uses one sampled response per prompt; with ``group_size > 1``
     every copy shares the same greedy baseline (still unbiased: the baseline does not depend on the
-    sample). The whole multi-turn episode is the "response" and its summed reward the score.
-    ``norm_std`` / ``eps`` / ``gamma`` are ignored (ReMax does not normalise).
+    sample). The whole multi-turn episode is the "response" and its summed reward the score. A group whose
+    greedy episode ended in an env error (baseline None) has no baseline and gets 0, like a singleton group
+    of the group-relative estimators. ``norm_std`` / ``eps`` / ``gamma`` are ignored (ReMax does not normalise).
     """
     if not groups:
         return Advantages([])
@@ -32,7 +33,7 @@ def remax(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages
                          "the trainer fills it when the estimator declares needs_greedy_baseline")
     if len(params.baseline_rewards) != len(groups):
         raise ValueError(f"{len(groups)} groups but {len(params.baseline_rewards)} greedy baseline rewards")
-    adv = [r - float(b) for rs, b in zip(episode_rewards(groups), params.baseline_rewards) for r in rs]
+    adv = [0.0 if b is None else r - float(b) for rs, b in zip(episode_rewards(groups), params.baseline_rewards) for r in rs]
     return broadcast_to_turns(groups, np.asarray(adv, dtype=np.float64))
 
 

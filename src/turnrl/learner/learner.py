@@ -106,8 +106,9 @@ class LearnerParams:
     entropy_coef: float
     kl_coef: float
     kl_type: str
+    kl_clamp: float  # k3 / k3+ value clamp to [-c, c] (0 = off), as verl's low_var_kl
     loss_agg: str
-    norm_len: float  # seq-mean-token-sum-norm's constant: rollout.max_new_tokens
+    norm_len: float  # seq-mean-token-sum-norm's constant, an episode's budget: env.max_turns * rollout.max_new_tokens
     vf_coef: float
 
     @classmethod
@@ -118,7 +119,8 @@ class LearnerParams:
             micro_batch_tokens=t.micro_batch_tokens, autocast_bf16=cfg.model.autocast_bf16,
             temperature=cfg.rollout.temperature, ppo_epochs=a.ppo_epochs, clip_low=a.clip_low, clip_high=a.clip_high,
             dual_clip=a.dual_clip, ratio_level=a.ratio_level, entropy_coef=a.entropy_coef, kl_coef=a.kl_coef,
-            kl_type=a.kl_type, loss_agg=a.loss_agg, norm_len=float(cfg.rollout.max_new_tokens), vf_coef=a.vf_coef,
+            kl_type=a.kl_type, kl_clamp=a.kl_clamp, loss_agg=a.loss_agg,
+            norm_len=float(cfg.env.max_turns * cfg.rollout.max_new_tokens), vf_coef=a.vf_coef,
         )
 
 
@@ -165,6 +167,9 @@ class Learner:
             return {"train/num_samples": 0.0}
         num_tokens = float(sum(sum(s.loss_mask) for s in samples))
         num_seqs = float(len(samples))
+        # Dr.GRPO's constant normaliser counts episodes, so per_step and full layouts give one loss (losses.aggregate)
+        episodes = float(len({s.traj_index for s in samples}))
+        loss_seqs = episodes if self.params.loss_agg == "seq-mean-token-sum-norm" else num_seqs
         batches = micro_batches(samples, self.params.micro_batch_tokens)
         self.model.train()
         for _ in range(self.params.ppo_epochs):
@@ -173,7 +178,7 @@ class Learner:
                 self.critic.zero_grad()
             stats = _Sums()
             for mb in batches:
-                self._policy_backward(collate(mb, self.pad_id), num_tokens, num_seqs, stats)
+                self._policy_backward(collate(mb, self.pad_id), num_tokens, loss_seqs, stats)
             if self.critic is not None and value_batch is not None:
                 with self._autocast():
                     # already batch means; the last epoch's values are logged
@@ -208,7 +213,7 @@ class Learner:
         if p.entropy_coef > 0:  # bonus: minimise -H (the metric below is computed without grad)
             per_tok = per_tok - p.entropy_coef * packed_entropy(logits, batch, p.temperature)
         if ref_logits is not None:
-            kl = losses.kl_penalty(logp, packed_logprobs(ref_logits, batch, p.temperature), p.kl_type)
+            kl = losses.kl_penalty(logp, packed_logprobs(ref_logits, batch, p.temperature), p.kl_type, p.kl_clamp)
             per_tok = per_tok + p.kl_coef * kl
             stats.add("kl", float((kl.detach() * batch.mask).sum()))
         loss = losses.aggregate(per_tok, batch.mask, p.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=p.norm_len)
@@ -276,6 +281,11 @@ class Learner:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        # the configured rate wins over the checkpoint's: a resumed run may change train.lr (an unchanged rate sets
+        # the same values, so resume stays exact); the critic's group keeps its own rate
+        group = self.optimizer.param_groups[0]
+        self.scheduler.base_lrs[0] = group["initial_lr"] = self.params.lr
+        group["lr"] = self.params.lr * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
         if self.critic is not None:
             if "critic" not in state:
                 raise ValueError("the checkpoint has no critic state but algo.critic is set; resume with the run's own config")

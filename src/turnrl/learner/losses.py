@@ -180,9 +180,23 @@ def aggregate(
         "seq-mean-token-sum-norm"  sum_b [ sum_t M L / norm_len ] / num_seqs   (Dr.GRPO: a constant length
                                ``norm_len``, e.g. the generation budget, instead of each sequence's own)
 
+    Dr.GRPO (arXiv:2503.20783) writes its loss as (1 / G) sum_i sum_t L_{i,t} / MAX_TOKENS over G responses. The
+    learner takes the *episode* as the response, so for "seq-mean-token-sum-norm" it passes
+    ``norm_len = max_turns * max_new_tokens`` (an episode's response-token budget) and ``num_seqs = E``, the
+    number of episodes (trajectories) in the batch, whatever the context layout:
+
+        loss = sum_{b,t} M L / (E * max_turns * max_new_tokens)
+
+    A ``full`` sample is one episode (up to max_turns responses); ``per_step`` lays the same episode out as one
+    sample per turn, and the same tokens and the same normaliser give the same loss. (Dividing every sample
+    by max_new_tokens and averaging over samples instead makes a ``full`` step larger than a ``per_step`` one
+    by the mean number of turns per episode, up to max_turns.) verl's mode of the same name divides the token
+    sum by the padded response length and does not average over sequences.
+
     Gradient accumulation: call this once per micro-batch with the normalisers of the *whole* batch
     (``num_tokens`` = loss tokens in the batch for token-mean; ``num_seqs`` = sequences in the batch for the
-    seq-mean modes) and the micro-batch losses sum exactly to the full-batch loss, whatever the split.
+    seq-mean modes, episodes for "seq-mean-token-sum-norm" as above) and the micro-batch losses sum exactly
+    to the full-batch loss, whatever the split.
     The seq-mean modes need each sequence whole inside one micro-batch (split along batch, not seq_len).
 
     When a normaliser is None the micro-batch's own is used: ``mask.sum()`` for token-mean, and the number
@@ -214,7 +228,7 @@ def aggregate(
 # --------------------------------------------------------------------------------------------- KL
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k3") -> torch.Tensor:
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k3", clamp: float = 0.0) -> torch.Tensor:
     r"""Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman, http://joschu.net/blog/kl-approx.html).
 
     With d = logprobs - ref_logprobs = log(pi / pi_ref) at the sampled token:
@@ -225,16 +239,25 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind 
         k3+ = k3's value with k2's gradient    (k2 + sg(k3 - k2)): k2's gradient is the unbiased gradient
                                                of KL(pi || pi_ref) as a loss, which k3's is not
 
-    Stability: for k3, -d = log(pi_ref / pi) is clamped to [-20, 20] (``KL_LOG_RATIO_CLAMP``) before
-    ``exp``, so a token the reference finds astronomically more likely than the policy yields at most
-    exp(20) instead of inf. Within the clamp the value is exact; outside it the gradient is 0. k3 stays
-    >= 0 because e^x - x - 1 >= 0 for every x. k1 and k2 are not clamped.
+    Stability, for k3 and k3+ only (k1 and k2 are never clamped):
 
+    - -d = log(pi_ref / pi) is clamped to [-20, 20] (``KL_LOG_RATIO_CLAMP``) before ``exp``, so exp never
+      overflows (at most e^20 ~ 4.9e8);
+    - with ``clamp = c > 0`` the value is then clamped to [-c, c] (``algo.kl_clamp``, default 10): a token the
+      reference finds far likelier than the policy otherwise costs e^|d| (3.27e6 at d = -15) and swamps the
+      policy loss. This is verl's ``low_var_kl`` (``verl/trainer/ppo/core_algos.py``, ``kl_penalty``:
+      ``kl = clamp(ref_logprob - logprob, -20, 20)``, ``kld = exp(kl) - kl - 1``, ``clamp(kld, -10, 10)``).
+      Where the clamp is active, k3's gradient is 0 (as in verl); k3+ keeps k2's gradient d, which is
+      finite, so the clamp bounds only its value. k3 >= 0, so only the upper bound can bind.
+
+    Within both clamps the value and gradient are exact. ``clamp = 0`` turns the value clamp off.
     As a loss term (GRPO, verl) the expected gradient of k3 is that of KL(pi_ref || pi), and k1's is 0;
     see docs/algorithms.md.
 
     Shape: (batch, seq_len) -> (batch, seq_len). Not masked: combine with the policy loss before ``aggregate``.
     """
+    if clamp < 0:
+        raise ValueError(f"kl clamp must be >= 0 (0 = off; got {clamp})")
     d = logprobs - ref_logprobs
     if kind == "k1":
         return d
@@ -243,6 +266,8 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind 
     if kind in ("k3", "k3+"):
         x = (-d).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
         k3 = torch.exp(x) - x - 1.0
+        if clamp > 0:
+            k3 = k3.clamp(-clamp, clamp)
         if kind == "k3":
             return k3
         k2 = 0.5 * d * d
