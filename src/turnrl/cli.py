@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -11,13 +13,67 @@ from pathlib import Path
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", help="YAML config file (see configs/)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-5 rollout.group_size=8")
-    p.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
+    p.add_argument("--help-config", nargs="?", const="", metavar="KEY",
+                   help="list every config key (or KEY: one key, or a section such as 'algo') with its value after -c "
+                        "and the overrides, its default where that differs, and its meaning")
+
+
+def _add_import_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE before anything else (repeatable), so its register(...) and "
+                        "@register_estimator(...) calls run; the current directory is searched after the installed "
+                        "packages, e.g. --import myenvs for ./myenvs.py")
+
+
+def _import_user_code(modules: list[str]) -> None:
+    """Import each ``--import`` module, the current directory searchable (last, so a local file never shadows an
+    installed module; ``algo.prm`` and ``module:Class`` env ids find local modules the same way)."""
+    from turnrl.config import ConfigError
+
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.append(cwd)
+    for name in modules:
+        if name.endswith(".py") or "/" in name:
+            dotted = ".".join(p for p in Path(name.removesuffix(".py")).parts if p not in (".", "/"))
+            raise ConfigError(f"--import takes a module name as you would import it, not a file: --import {dotted}")
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
+                raise ConfigError(f"--import {name}: {e} in the installed packages or the current directory ({cwd}); "
+                                  "run turnrl from the directory that holds it, or install it") from None
+            raise ConfigError(f"--import {name}: it imports '{e.name}', which is not installed; install it") from None
+
+
+def _run_of(path: Path) -> Path | None:
+    """The run directory holding ``path``: the run itself, its ``checkpoints/``, a checkpoint, or a checkpoint's ``model/``."""
+    for p in [path, *path.parents][:4]:
+        if (p / "config.yaml").is_file() and (p / "checkpoints").is_dir():
+            return p
+    return None
+
+
+def _resume_dir(args) -> Path:
+    run = Path(args.resume)
+    if not (run / "config.yaml").exists():
+        raise FileNotFoundError(f"{run} is not a run directory (no config.yaml); pass the directory `turnrl train` printed")
+    return run
 
 
 def _load(args):
-    from turnrl.config import load_config
+    """The command's config: a resumed run's own (with its allowed changes), else ``-c``, else the config of the run
+    that ``eval --checkpoint`` points into, else the defaults; the overrides on top."""
+    from turnrl.config import load_config, resume_config
 
-    return load_config(args.config, args.overrides)
+    if getattr(args, "resume", None):
+        return resume_config(_resume_dir(args), args.overrides, args.config)[0]
+    path = args.config
+    run = _run_of(Path(args.checkpoint)) if getattr(args, "checkpoint", None) else None
+    if path is None and run is not None:
+        path = run / "config.yaml"
+        print(f"config: {path} (the run's own; -c FILE or key=value overrides change it)", file=sys.stderr)
+    return load_config(path, args.overrides)
 
 
 def _quiet_transformers() -> None:
@@ -26,24 +82,64 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()  # weight-loading / saving bars would break turnrl's own progress bar
 
 
+def cmd_help_config(args) -> int:
+    from turnrl.config import config_help
+
+    key = args.help_config
+    if "=" in key:  # `--help-config train.lr=1e-5`: an override, not a key to show
+        args.overrides.append(key)
+        key = ""
+    print(config_help(_load(args), key))
+    return 0
+
+
 def cmd_train(args) -> int:
     from turnrl.train import train
 
     _quiet_transformers()
-
     if args.resume:
-        from turnrl.config import load_config
-
-        run = Path(args.resume)
-        if not (run / "config.yaml").exists():
-            raise FileNotFoundError(f"{run} is not a run directory (no config.yaml); pass the directory `turnrl train` printed")
-        cfg = load_config(run / "config.yaml", args.overrides)
-        run_dir = train(cfg, resume=run)
-    else:
-        cfg = _load(args)
-        run_dir = train(cfg)
+        return _resume(args)
+    run_dir = train(_load(args))
     print(f"run directory: {run_dir}")
     return 0
+
+
+def _resume(args) -> int:
+    """Continue a run with its own config and the changes resume allows; a finished run says how to extend it."""
+    from turnrl.build import build
+    from turnrl.checkpoint import latest_checkpoint
+    from turnrl.config import record_changes, resume_config
+    from turnrl.train import train
+
+    run = _resume_dir(args)
+    cfg, changes = resume_config(run, args.overrides, args.config)
+    ckpt = latest_checkpoint(run)
+    done = int(ckpt.name.removeprefix("step_")) if ckpt is not None else 0
+    if done >= cfg.train.steps:
+        print(f"{run} already finished: its last checkpoint is step {done} of train.steps={cfg.train.steps}. "
+              f"To train it further, raise train.steps: turnrl train --resume {run} train.steps={2 * done}")
+        return 0
+    components = build(cfg)  # a model or env that fails to build stops here, before the run's files change
+    record_changes(run, cfg, changes, step=done)
+    for c in changes:
+        print(f"from step {done}: {c.key} = {c.new!r} (was {c.old!r}; recorded in {run / 'config_changes.jsonl'})",
+              file=sys.stderr)
+    train(cfg, resume=run, components=components)
+    print(f"run directory: {run}")
+    return 0
+
+
+def _checkpoint_model(path: Path) -> Path:
+    """The model directory of ``path``: a checkpoint, its ``model/``, or a run directory (its latest checkpoint)."""
+    from turnrl.checkpoint import latest_checkpoint
+
+    if (path / "checkpoints").is_dir():
+        ckpt = latest_checkpoint(path)
+        if ckpt is None:
+            raise FileNotFoundError(f"{path} has no complete checkpoint; pass one of its checkpoints/step_* directories "
+                                    "or train it further")
+        path = ckpt
+    return path / "model" if (path / "model").exists() else path
 
 
 def cmd_eval(args) -> int:
@@ -54,18 +150,12 @@ def cmd_eval(args) -> int:
 
     cfg = _load(args)
     if args.checkpoint:
-        ckpt = Path(args.checkpoint)
-        if (ckpt / "checkpoints" / "latest").exists():  # a run directory: take its latest checkpoint
-            from turnrl.checkpoint import latest_checkpoint
-
-            ckpt = latest_checkpoint(ckpt)
-        model_dir = ckpt / "model" if (ckpt / "model").exists() else ckpt
-        cfg.model.path = str(model_dir)
+        cfg.model.path = str(_checkpoint_model(Path(args.checkpoint)))
     c = build(cfg) if args.engine == "hf" else build_for_eval(cfg, args.engine, **_remote_engine_options(args))
     m = evaluate(c)
     rate, lo, hi = m["eval/success_rate"], m["eval/success_ci_low"], m["eval/success_ci_high"]
-    print(f"{cfg.env.id}: success {rate:.3f} (95% CI {lo:.3f}-{hi:.3f}) over {int(m['eval/num_tasks'])} held-out tasks; "
-          f"valid actions {m['eval/valid_action_rate']:.3f}")
+    print(f"{cfg.eval.env_id or cfg.env.id}: success {rate:.3f} (95% CI {lo:.3f}-{hi:.3f}) over "
+          f"{int(m['eval/num_tasks'])} held-out tasks; valid actions {m['eval/valid_action_rate']:.3f}")
     if args.json:
         print(json.dumps(m))
     return 0
@@ -73,19 +163,37 @@ def cmd_eval(args) -> int:
 
 def _remote_engine_options(args) -> dict:
     """``--engine openai`` options for :func:`turnrl.engines.make_engine` (vLLM needs none)."""
-    if args.engine != "openai":
-        return {}
-    import os
-
     from turnrl.config import ConfigError
 
+    given = {"timeout": args.timeout, "max_retries": args.max_retries}
+    if args.engine != "openai":
+        if any(v is not None for v in (*given.values(), args.base_url, args.api_model)):
+            raise ConfigError("--base-url, --api-model, --timeout and --max-retries are for a remote server: add --engine openai")
+        return {}
     if not args.base_url or not args.api_model:
         raise ConfigError("--engine openai needs --base-url (e.g. http://localhost:8000/v1) and --api-model "
                           "(the id the server serves, see GET /v1/models)")
     if args.checkpoint:
         raise ConfigError("--checkpoint cannot be sent to a remote server; serve the checkpoint there and pass --api-model")
     return dict(base_url=args.base_url, api_model=args.api_model, endpoint=args.api_endpoint,
-                api_key=os.environ.get(args.api_key_env), vllm_extensions=not args.api_plain, require_logprobs=False)
+                api_key=os.environ.get(args.api_key_env), vllm_extensions=not args.api_plain, require_logprobs=False,
+                **{k: v for k, v in given.items() if v is not None})
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    value = float(text)
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
+def _count(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a count >= 0")
+    return value
 
 
 def cmd_play(args) -> int:
@@ -135,18 +243,28 @@ def cmd_envs(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    from turnrl.config import FIXED_ON_RESUME, RESUMABLE
+
     parser = argparse.ArgumentParser(prog="turnrl", description="Reinforcement learning for multi-turn LLM agents")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("train", help="train a policy (default: the embedded SmolLM2-135M on FrozenLake)")
     _add_config_args(p)
-    p.add_argument("--resume", metavar="RUN", help="continue the run in this run directory from its latest checkpoint")
+    _add_import_arg(p)
+    p.add_argument("--resume", metavar="RUN",
+                   help=f"continue the run in this directory from its latest checkpoint, with its own config.yaml. "
+                        f"Overrides (and -c FILE's values) may change {', '.join(RESUMABLE)} (not "
+                        f"{', '.join(FIXED_ON_RESUME)}); others are refused. Each change is recorded in "
+                        f"RUN/config_changes.jsonl and RUN/config.yaml is rewritten. A finished run is extended with "
+                        f"train.steps=N")
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("eval", help="success rate (with a 95%% interval) of a checkpoint or the base model on held-out seeds")
     _add_config_args(p)
-    p.add_argument("--checkpoint", help="a checkpoint directory or a run directory (its latest checkpoint)")
+    _add_import_arg(p)
+    p.add_argument("--checkpoint", help="a checkpoint directory or a run directory (its latest checkpoint); inside a run, "
+                                        "the run's config.yaml is the config unless -c is given")
     p.add_argument("--json", action="store_true", help="also print every eval metric as JSON")
     p.add_argument("--engine", choices=["hf", "vllm", "openai"], default="hf",
                    help="hf: in process (default); vllm: turnrl[vllm] on a GPU; openai: a remote OpenAI-compatible server "
@@ -158,12 +276,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="openai: environment variable holding the API key")
     p.add_argument("--api-plain", action="store_true",
                    help="openai: send only standard OpenAI fields (no vLLM extensions such as token-id outputs)")
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                   help="openai: seconds one attempt may take for the whole response; a request that times out twice "
+                        "fails (the engine's default: 60)")
+    p.add_argument("--max-retries", type=_count, metavar="N",
+                   help="openai: retries after a connection error, HTTP 429 or 5xx, with exponential backoff; a timed-out "
+                        "request is retried once at most (the engine's default: 4)")
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("play", help="play an env yourself in the terminal")
     p.add_argument("env", help="env id, e.g. frozenlake-v0")
     p.add_argument("kwargs", nargs="*", help="env arguments as key=value, e.g. slippery=true")
     p.add_argument("--seed", type=int, default=None)
+    _add_import_arg(p)
     p.set_defaults(fn=cmd_play)
 
     p = sub.add_parser("watch", help="live terminal view of a run: recent steps, evaluations and alerts")
@@ -181,19 +306,27 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("envs", help="list registered environments")
+    _add_import_arg(p)
     p.set_defaults(fn=cmd_envs)
+    return parser
 
-    args = parser.parse_args(argv)
-    if getattr(args, "help_config", False):
-        from turnrl.config import config_help
 
-        print(config_help())
-        return 0
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    trailing = next((name for name in ("overrides", "kwargs") if hasattr(args, name)), None)
+    if extra and trailing and not any(x.startswith("-") for x in extra):
+        getattr(args, trailing).extend(extra)  # key=value after an option's value (`train a=1 --import m b=2`)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from turnrl.config import ConfigError
     from turnrl.engines.openai_compat import RemoteEngineError
     from turnrl.models import ModelNotFoundError
 
     try:
+        _import_user_code(getattr(args, "imports", []))
+        if getattr(args, "help_config", None) is not None:
+            return cmd_help_config(args)
         return args.fn(args)
     except (ConfigError, ModelNotFoundError, FileNotFoundError, FileExistsError, RemoteEngineError) as e:
         print(f"error: {e}", file=sys.stderr)

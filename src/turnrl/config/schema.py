@@ -1,18 +1,14 @@
-"""One typed config for `turnrl train` / `turnrl eval`: YAML files plus ``key=value`` overrides.
-
-Every field is documented here and nowhere else; ``turnrl train --help-config`` prints these docs.
-Validation happens before any work: an unknown key or a bad value stops with a message that names the
-key and, for a typo, the closest valid key.
-"""
+"""The config's schema: one pydantic section per part of a run, each field documented once, with the checks
+that span sections (:meth:`Config._consistent`)."""
 
 from __future__ import annotations
 
 import difflib
-from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from turnrl.config.names import _value_hint
 
 
 class ConfigError(ValueError):
@@ -20,7 +16,10 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # every float is finite
+
+
+_Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
 class ModelConfig(_Section):
@@ -37,6 +36,9 @@ class EnvConfig(_Section):
     invalid_penalty: float = Field(0.1, ge=0.0, description="reward penalty for a turn with no valid action")
     progress_reward: float = Field(
         0.2, ge=0.0, description="dense shaping from the env's oracle per step of progress (0 = off; needs env.solve())"
+    )
+    step_timeout_s: float = Field(
+        60.0, ge=0.0, description="an env reset or step that takes longer ends its episode as an env error (0 = no limit)"
     )
 
 
@@ -57,6 +59,9 @@ class RolloutConfig(_Section):
     few_shot: bool = Field(True, description="put the env's example exchanges before the real turn")
     max_new_tokens: int = Field(6, ge=1, description="per-turn response token limit")
     max_context_tokens: int = Field(2048, ge=16, description="prompt budget; a longer prompt truncates the episode (context)")
+    max_observation_tokens: int = Field(
+        2048, ge=1, description="an observation longer than this is cut (before it is tokenized whole) and the cut is recorded"
+    )
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature (the learner uses the same)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling; <1 makes sampling differ from the trained distribution")
     top_k: int = Field(0, ge=0, description="top-k sampling (0 = off)")
@@ -79,6 +84,10 @@ class AlgoConfig(_Section):
     )
     kl_coef: float = Field(0.0, ge=0.0, description="KL-to-reference loss coefficient (0 = off)")
     kl_type: Literal["k1", "k2", "k3", "k3+"] = Field("k3", description="KL estimator ('k3+': k3's value, k2's gradient)")
+    kl_clamp: float = Field(
+        10.0, ge=0.0, description="clamp the k3 / k3+ estimate to [-c, c] per token, as verl's low_var_kl does with 10 "
+        "(0 = off)"
+    )
     ppo_epochs: int = Field(1, ge=1, description="passes over each batch")
     prm: str = Field("", description="process-reward model 'package.module:function(trajectory, turn) -> float' ('' = none)")
     prm_weight: float = Field(1.0, description="weight of the process-reward model's score in each turn's reward")
@@ -103,6 +112,10 @@ class AlgoConfig(_Section):
     lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
     gamma_token: float = Field(1.0, ge=0.0, le=1.0, description="per-token discount of token-level GAE and within a turn (bi-level)")
     whiten_advantages: bool = Field(True, description="GAE estimators: whiten advantages over the batch's response tokens")
+    whiten_std: Literal["population", "unbiased"] = Field(
+        "population", description="std used by that whitening: 'population' (OpenRLHF's masked_whiten) or 'unbiased' "
+        "(Bessel-corrected, TRL's masked_whiten)"
+    )
     kl_in_reward: float = Field(
         0.0, ge=0.0, description="beta of a KL(pi || ref) penalty subtracted from each turn's reward before credit (0 = off; needs model.reference)"
     )
@@ -112,21 +125,26 @@ class AlgoConfig(_Section):
         "none", description="'running': divide turn rewards by a running (Welford) std over all steps, saved in checkpoints"
     )
     gigpo_similarity: float = Field(
-        1.0, gt=0.0, le=1.0, description="GiGPO: anchors with token-Jaccard similarity >= this share a step-level group (1.0 = exact match)"
+        1.0, gt=0.0, le=1.0, description="GiGPO: anchors whose difflib character similarity ratio is >= this share a "
+        "step-level group (1.0 = exact match)"
+    )
+    gigpo_pooling: Literal["trajectory", "step"] = Field(
+        "trajectory", description="GiGPO episode-level statistics: 'trajectory' = one reward per trajectory (the paper); "
+        "'step' = one per step row, so a trajectory counts once per turn it took (verl-agent's implementation)"
     )
 
 
 class TrainConfig(_Section):
     steps: int = Field(40, ge=0, description="training steps (collect -> advantages -> update)")
     lr: float = Field(2e-5, gt=0.0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0.0)
-    betas: tuple[float, float] = Field((0.9, 0.99))
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay (0 = none)")
+    betas: tuple[_Beta, _Beta] = Field((0.9, 0.99), description="AdamW decay rates of the gradient's moments, each in [0, 1)")
     warmup_steps: int = Field(0, ge=0, description="linear LR warm-up steps")
     grad_clip: float = Field(1.0, gt=0.0, description="max global gradient norm")
     micro_batch_tokens: int = Field(
         2048, ge=64, description="token budget of one micro-batch (gradient accumulation); sets activation memory"
     )
-    seed: int = Field(0, description="seed of every RNG (sampling, task order, init)")
+    seed: int = Field(0, ge=0, lt=2**32, description="seed of every RNG (sampling, task order, init)")
     seed_start: int = Field(0, ge=0, description="first training task seed; tasks are seed_start, seed_start+1, ...")
     max_minutes: float = Field(0.0, ge=0.0, description="stop (and evaluate) after this wall time; 0 = no limit")
     threads: int = Field(0, ge=0, description="torch threads (0 = all cores)")
@@ -145,7 +163,7 @@ class EvalConfig(_Section):
 class LogConfig(_Section):
     run_dir: str = Field("runs", description="parent directory of run directories")
     name: str = Field("", description="run name (default: env-estimator-timestamp)")
-    tensorboard: bool = Field(True)
+    tensorboard: bool = Field(True, description="also write TensorBoard events under RUN/tb/")
     progress: bool = Field(True, description="show a progress bar")
     checkpoint_every: int = Field(10, ge=0, description="save a checkpoint every N steps (0 = only at the end)")
     checkpoint_at_end: bool = Field(True, description="save a checkpoint when the last step or train.max_minutes is "
@@ -204,7 +222,7 @@ class Config(_Section):
 
         if self.algo.estimator not in available_estimators():
             close = difflib.get_close_matches(self.algo.estimator, available_estimators(), n=1, cutoff=0.5)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
+            hint = _value_hint("algo.estimator", self.algo.estimator) or (f" Did you mean '{close[0]}'?" if close else "")
             raise ValueError(f"algo.estimator={self.algo.estimator!r} is not a registered estimator.{hint} "
                              f"Valid: {', '.join(available_estimators())}")
         if self.algo.kl_coef > 0 and not self.model.reference:
@@ -219,110 +237,40 @@ class Config(_Section):
         if not needs_critic and self.algo.critic != "none":
             raise ValueError(f"algo.critic={self.algo.critic!r} is only used by the GAE estimators (ppo_token, ppo_turn, "
                              f"ppo_bilevel), not {self.algo.estimator!r}: set algo.critic=none or pick one of them")
-        train_end = self.train.seed_start + self.train.steps * self.rollout.tasks_per_step * self.algo.dynamic_sampling_rounds
-        if self.train.seed_start <= self.eval.seed_start < train_end:
-            raise ValueError(
-                f"eval.seed_start={self.eval.seed_start} overlaps training seeds [{self.train.seed_start}, {train_end}): "
-                "held-out evaluation must use unseen seeds; raise eval.seed_start"
-            )
+        return self
+
+    @model_validator(mode="after")
+    def _runnable(self) -> "Config":
+        """What would otherwise fail after the run directory exists: no steps, an ``algo.prm`` that does not import
+        (errors raised by its module's own code propagate), training seeds (every dynamic-sampling round of every
+        step) that overlap the held-out seeds."""
+        if self.train.steps == 0:
+            raise ValueError("train.steps=0 trains nothing; to measure a model without training it, run `turnrl eval` "
+                             "(the base model) or `turnrl eval --checkpoint RUN`")
+        if self.algo.prm:
+            from turnrl.credit.rewards import load_prm
+
+            try:
+                load_prm(self.algo.prm)
+            except ImportError as e:
+                raise ValueError(f"algo.prm={self.algo.prm!r} does not import ({e}); make its module importable: run "
+                                 "turnrl from the directory that holds it, or install it") from None
+        t0, e0 = self.train.seed_start, self.eval.seed_start
+        t1, e1 = t0 + self.train.steps * self.rollout.tasks_per_step * self.algo.dynamic_sampling_rounds, e0 + self.eval.num_tasks
+        if t0 < e1 and e0 < t1:
+            raise ValueError(f"training seeds [{t0}, {t1}) and eval seeds [{e0}, {e1}) overlap: held-out evaluation must use "
+                             f"unseen seeds; set eval.seed_start={t1} (or more) or train.seed_start={e1} (or more)")
         return self
 
 
-def _all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
-    keys = []
-    for name, field in model.model_fields.items():
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys.extend(_all_keys(ann, f"{prefix}{name}."))
-        else:
-            keys.append(f"{prefix}{name}")
-    return keys
+# ---------------------------------------------------------------------------------------------- keys and names
+
+
+def _fields() -> list[tuple[str, str, str, Any]]:
+    """``(dotted key, section, name, FieldInfo)`` of every key, in declaration order."""
+    return [(f"{section}.{name}", section, name, field)
+            for section, sfield in Config.model_fields.items() for name, field in sfield.annotation.model_fields.items()]
 
 
 def valid_keys() -> list[str]:
-    return _all_keys(Config)
-
-
-def _closest(key: str) -> str:
-    keys = valid_keys()
-    match = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
-    if not match:  # try on the last component alone: `lr` -> `train.lr`
-        leaf = key.rsplit(".", 1)[-1]
-        match = [k for k in keys if k.rsplit(".", 1)[-1] == leaf] or difflib.get_close_matches(
-            leaf, [k.rsplit(".", 1)[-1] for k in keys], n=1, cutoff=0.6
-        )
-        if match and "." not in match[0]:
-            match = [k for k in keys if k.endswith("." + match[0])]
-    return f" Did you mean '{match[0]}'?" if match else ""
-
-
-def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = tree
-    for p in parts[:-1]:
-        nxt = node.setdefault(p, {})
-        if not isinstance(nxt, dict):
-            raise ConfigError(f"'{key}': '{p}' is a value, not a section.{_closest(key)}")
-        node = nxt
-    node[parts[-1]] = value
-
-
-def _parse_override(item: str) -> tuple[str, Any]:
-    if "=" not in item:
-        raise ConfigError(f"override '{item}' is not key=value (example: train.lr=1e-5)")
-    key, raw = item.split("=", 1)
-    key = key.strip()
-    if not key.startswith("env.kwargs.") and key not in valid_keys():
-        raise ConfigError(f"unknown config key '{key}'.{_closest(key)} Run `turnrl train --help-config` for all keys.")
-    return key, yaml.safe_load(raw) if raw != "" else ""
-
-
-def _format_validation(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
-        if e["type"] == "extra_forbidden":
-            lines.append(f"unknown config key '{key}'.{_closest(key)}")
-        elif key:
-            lines.append(f"'{key}': {e['msg']} (got {e.get('input')!r})")
-        else:
-            lines.append(e["msg"].removeprefix("Value error, "))
-    return "invalid config: " + "; ".join(lines)
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Build the config from an optional YAML file and ``key=value`` overrides (later wins)."""
-    tree: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            tree = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
-        if not isinstance(tree, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(tree).__name__}")
-    for item in overrides:
-        key, value = _parse_override(item)
-        _set_dotted(tree, key, value)
-    try:
-        return Config.model_validate(tree)
-    except ValidationError as e:
-        raise ConfigError(_format_validation(e)) from None
-
-
-def config_help() -> str:
-    lines = []
-
-    def walk(model: type[BaseModel], prefix: str) -> None:
-        for name, field in model.model_fields.items():
-            ann = field.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                walk(ann, f"{prefix}{name}.")
-            else:
-                default = field.default if field.default_factory is None else field.default_factory()
-                lines.append(f"  {prefix}{name} = {default!r}\n      {field.description or ''}")
-
-    walk(Config, "")
-    return "\n".join(lines)
+    return [key for key, *_ in _fields()]
