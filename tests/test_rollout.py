@@ -6,7 +6,7 @@ from turnrl.engines import HFEngine, SamplingParams
 from turnrl.envs.base import Env
 from turnrl.learner import build_samples
 from turnrl.agent import ContextSpec
-from turnrl.rollout import Collector
+from turnrl.rollout import Collector, RolloutStats
 from turnrl.types import Advantages, Termination
 
 
@@ -102,3 +102,40 @@ def test_groups_share_seed_and_record_anchor_and_version(tokenizer, tiny_model):
     assert [g.seed for g in groups] == [4, 5]
     assert all(t.seed == g.seed and t.policy_version == 1 for g in groups for t in g.trajectories)
     assert [turn.anchor for turn in groups[0].trajectories[0].turns] == ["0", "1"]
+
+
+def test_stats_accumulate_over_collect_calls_until_taken(tokenizer, tiny_model):
+    greedy = SamplingParams(max_new_tokens=3, temperature=0.0)
+    once = Collector(HFEngine(tiny_model, tokenizer), tokenizer, lambda: CountEnv(goal=2))
+    once.collect([0, 1], 2, greedy)
+    one = once.take_stats()
+    assert one.prompt_tokens > 0 and one.generated_tokens > 0 and one.generate_s > 0
+    twice = Collector(HFEngine(tiny_model, tokenizer), tokenizer, lambda: CountEnv(goal=2))
+    twice.collect([0, 1], 2, greedy)
+    twice.collect([0, 1], 2, greedy)  # e.g. a second dynamic-sampling round, or ReMax's greedy baseline
+    two = twice.take_stats()
+    assert (two.prompt_tokens, two.generated_tokens) == (2 * one.prompt_tokens, 2 * one.generated_tokens)
+    assert twice.take_stats() == RolloutStats()  # taking resets
+
+
+class KeyedEnv(CountEnv):
+    def __init__(self, key):
+        super().__init__(goal=2)
+        self.key = key
+
+    def task_key(self):
+        if isinstance(self.key, Exception):
+            raise self.key
+        return self.key.format(seed=self.seed)
+
+
+@pytest.mark.parametrize("key, want", [
+    ("map-{seed}", "map-5"),
+    (NotImplementedError(), None),
+    (RuntimeError("no key today"), None),  # a failing task_key() never fails the episode
+])
+def test_trajectories_record_the_task_key(tokenizer, tiny_model, key, want):
+    col = Collector(HFEngine(tiny_model, tokenizer), tokenizer, lambda: KeyedEnv(key))
+    traj = col.collect([5], 1, SamplingParams(max_new_tokens=2))[0].trajectories[0]
+    assert traj.task_key == want
+    assert traj.termination == Termination.TERMINATED and traj.error is None

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+CHARS_PER_TOKEN_BOUND = 8  # a token of natural text or code is rarely longer; :meth:`ChatRenderer.cut` relies on it
+
 _A = "\u00a7TURNRL_ASSISTANT\u00a7"
 _U = "\u00a7TURNRL_USER\u00a7"
 
@@ -59,6 +61,18 @@ class ChatRenderer:
             msgs += [{"role": "user", "content": obs}, {"role": "assistant", "content": resp}]
         msgs.append({"role": "user", "content": observation})
         return self._encode(self._render(msgs))
+
+    def cut(self, text: str, max_tokens: int) -> str:
+        """``text`` cut to its first ``max_tokens`` tokens (decoded back to text); ``text`` itself when it fits.
+
+        Only the first ``CHARS_PER_TOKEN_BOUND * max_tokens`` characters are ever tokenized, so a huge text costs
+        no more than a long one; a text of unusually long tokens is therefore cut at that many characters.
+        """
+        head = text[: CHARS_PER_TOKEN_BOUND * max_tokens]
+        ids = self._encode(head)
+        if len(ids) > max_tokens:
+            return self.tokenizer.decode(ids[:max_tokens], clean_up_tokenization_spaces=False)
+        return head
 
     def full_initial_prompt(self, observation: str) -> list[int]:
         return self.per_step_prompt(observation)

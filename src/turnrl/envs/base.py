@@ -30,16 +30,21 @@ Two keys name what the agent is working on, both text:
   last reset; an env whose tasks differ in hidden state (a secret number, hidden tests, a deck) must
   override it, or different tasks share a key.
 
-``areset`` / ``astep`` are what the collector awaits. The defaults run ``reset`` / ``step`` in a worker
-thread (``asyncio.to_thread``), so a slow step does not hold up the other episodes; an env therefore draws
-only from its own seeded RNG, never from global random state another thread may use. Envs that wait on a
-network or a subprocess may override them with real coroutines.
+``areset`` / ``astep`` are what the collector awaits. By default they call ``reset`` / ``step`` inline: an
+env that computes (a grid, a puzzle, a parser) answers in microseconds, and inline calls keep a rollout
+deterministic (the engine batches the same requests at the same ticks on every run). An env that waits on a
+subprocess, a disk or a network sets ``blocking_io = True``: its calls then run in a daemon worker thread, so
+the other episodes keep generating and the collector's per-step timeout (``env.step_timeout_s``) can end a step
+that hangs; the price is that batches (and so the low bits of logprobs) depend on when the threads finish.
+Such an env draws only from its own seeded RNG, never from global random state another thread may use. Envs
+that wait on a network may instead override ``areset`` / ``astep`` with real coroutines.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -55,6 +60,7 @@ class Env:
 
     instructions: ClassVar[str] = ""
     max_actions_per_turn: int = 1
+    blocking_io: ClassVar[bool] = False  # True: reset/step wait on I/O; run them in a worker thread (module docstring)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Make every subclass's ``reset``/``areset`` remember its observation, for the default :meth:`task_key`."""
@@ -75,12 +81,16 @@ class Env:
         raise NotImplementedError
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """``reset`` in a worker thread, so a slow reset does not block the event loop."""
-        return await asyncio.to_thread(self.reset, seed=seed, options=options)
+        """``reset``: inline, or in a worker thread when ``blocking_io`` (see the module docstring)."""
+        if self.blocking_io:
+            return await in_daemon_thread(functools.partial(self.reset, seed=seed, options=options))
+        return self.reset(seed=seed, options=options)
 
     async def astep(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """``step`` in a worker thread, so a slow step does not block the event loop (the other episodes)."""
-        return await asyncio.to_thread(self.step, action_text)
+        """``step``: inline, or in a worker thread when ``blocking_io`` (see the module docstring)."""
+        if self.blocking_io:
+            return await in_daemon_thread(functools.partial(self.step, action_text))
+        return self.step(action_text)
 
     def anchor(self) -> str:
         """A hashable key of the current state without history (GiGPO groups steps by it)."""
@@ -146,3 +156,27 @@ def _remembering_observation(reset: Callable[..., Any]) -> Callable[..., Any]:
         return remember(self, reset(self, *args, **kwargs))
 
     return sync_reset
+
+
+async def in_daemon_thread(fn: Callable[[], Any]) -> Any:
+    """Await ``fn()`` run in a daemon thread. Unlike ``asyncio.to_thread`` (whose pool threads are joined when the
+    interpreter exits), a call that never returns cannot keep the process alive after a timeout abandoned it."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not done.done():  # the awaiting task may have been cancelled (timed out) meanwhile
+            done.set_exception(error) if error is not None else done.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(), None
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop closed while the call ran: nobody awaits it any more
+            pass
+
+    threading.Thread(target=run, name="turnrl-env", daemon=True).start()
+    return await done

@@ -443,6 +443,7 @@ class CodeEnv(Env):
         "```python code block (the standard library may be imported). Hidden tests check it. If some tests fail "
         "you see which examples failed and may submit a corrected function."
     )
+    blocking_io = True  # each step runs a sandboxed subprocess (up to wall_seconds): keep the other episodes going
 
     def __init__(
         self,
