@@ -201,3 +201,16 @@ def test_import_option_errors_say_what_to_pass(user_dir, capsys, name, needle):
     assert main(["envs", "--import", name]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
+
+
+def test_a_run_a_signal_stopped_exits_as_the_shell_reports_that_signal(tmp_path):
+    """`turnrl train` stopped by SIGTERM / Ctrl-C (checkpoint and report written) exits 143 / 130, not 0."""
+    from turnrl.cli import _exit_code
+    from turnrl.monitor.files import write_status
+
+    for state, message, code in [("stopped", "SIGTERM before step 3; resume with ...", 143),
+                                 ("stopped", "SIGINT before step 3; resume with ...", 130),
+                                 ("stopped", "train.max_minutes at step 4; resume with ...", 0),
+                                 ("finished", "4 steps", 0)]:
+        write_status(tmp_path, state, 3, 4, message)
+        assert _exit_code(tmp_path) == code, (state, message)

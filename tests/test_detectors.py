@@ -5,8 +5,8 @@ import math
 import pytest
 
 from turnrl.monitor.detectors import (
-    EntropyCollapse, GradSpike, InvalidActionExploit, KLBlowup, LengthExplosion, NonFinite, RewardHacking, TemplateCollapse,
-    default_detectors,
+    EntropyCollapse, EnvFailures, GradSpike, InvalidActionExploit, KLBlowup, LengthExplosion, NonFinite, RewardHacking,
+    TemplateCollapse, default_detectors,
 )
 
 
@@ -103,3 +103,52 @@ def test_reward_hacking_stays_silent_on_a_healthy_plateau():
             m["eval/success_rate"] = {20: 0.88, 25: 0.80, 29: 0.86}[s]
         stream.append(m)
     assert run(RewardHacking(), stream) == []
+
+
+def test_env_failures_fires_when_the_envs_fail_and_again_after_recovery():
+    rates = [0.0, 0.0, 0.1, 1.0, 1.0, 1.0, 0.0, 0.0, 0.75]
+    stream = [dict(healthy(s), **{"rollout/termination/env_error": r}) for s, r in enumerate(rates)]
+    stream[1]["eval/termination/env_error"] = 0.0
+    alerts = run(EnvFailures(), stream)
+    assert [a.step for a in alerts] == [3, 8] and "rollout/termination/env_error = 1.00" in alerts[0].message
+
+
+def test_env_failures_watches_evaluations_too():
+    stream = [dict(healthy(s), **{"rollout/termination/env_error": 0.0}) for s in range(3)]
+    stream[2]["eval/termination/env_error"] = 1.0
+    assert [a.step for a in run(EnvFailures(), stream)] == [2]
+
+
+def _history_stream():
+    """Steps that make the windowed detectors fire late: a grad spike at 9, a reward climb against flat evals."""
+    stream = []
+    for s in range(24):
+        m = dict(healthy(s), **{"rollout/reward": 0.1 + 0.1 * s, "rollout/success_rate": 0.9,
+                                "train/grad_norm": 50.0 if s == 9 else 1.0,
+                                "rollout/cross_input_similarity": 0.35 if s < 8 else 1.0})
+        if s % 5 == 0:
+            m["eval/success_rate"] = 0.1
+        stream.append(m)
+    return stream
+
+
+@pytest.mark.parametrize("cut", [4, 9, 12])
+def test_a_detector_restored_from_its_state_dict_continues_exactly(cut):
+    """Stop after ``cut`` steps, save every detector's state through torch's safe loader, restore into fresh ones."""
+    import io
+
+    import torch
+
+    stream = _history_stream()
+    whole = [(a.name, a.step) for d in default_detectors() for a in run(d, stream)]
+    assert {"grad_spike", "reward_hacking", "template_collapse"} <= {name for name, _ in whole}
+    first = default_detectors()
+    alerts = [(a.name, a.step) for d in first for step, m in enumerate(stream[:cut]) if (a := d.update(step, m))]
+    buf = io.BytesIO()
+    torch.save([d.state_dict() for d in first], buf)
+    buf.seek(0)
+    second = default_detectors()
+    for d, state in zip(second, torch.load(buf, weights_only=True)):
+        d.load_state_dict(state)
+    alerts += [(a.name, a.step) for d in second for step, m in enumerate(stream) if step >= cut and (a := d.update(step, m))]
+    assert sorted(alerts, key=lambda x: (x[1], x[0])) == sorted(whole, key=lambda x: (x[1], x[0]))

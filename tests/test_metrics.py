@@ -33,3 +33,17 @@ def test_eval_metrics_count_tasks_and_interval_over_groups():
     m = eval_metrics([episode(i, i < 3) for i in range(4)], seconds=1.5)
     assert m["eval/success_rate"] == 0.75 and m["eval/num_tasks"] == 4.0 and m["perf/eval_s"] == 1.5
     assert (m["eval/success_ci_low"], m["eval/success_ci_high"]) == wilson_interval(3, 4)
+
+
+def test_eval_interval_counts_each_distinct_task_once():
+    def episode(seed, key, success):
+        t = Trajectory(env_id="x", seed=seed, turns=[Turn([0], [1], [0.0], "o", "r")], success=success, task_key=key)
+        return TrajectoryGroup("x", seed, [t])
+
+    # five seeds, three tasks: "a" drawn three times (all solved), "b" and "c" once each (failed)
+    groups = [episode(0, "a", True), episode(1, "a", True), episode(2, "b", False), episode(3, "a", True),
+              episode(4, "c", False)]
+    m = eval_metrics(groups, seconds=1.0)
+    assert m["eval/distinct_tasks"] == 3.0 and m["eval/num_tasks"] == 5.0
+    assert (m["eval/success_ci_low"], m["eval/success_ci_high"]) == wilson_interval(1, 3)
+    assert m["eval/success_rate"] == 0.6  # the episode mean is still reported as it is

@@ -1,8 +1,8 @@
 """`turnrl report`: the trajectory records it reads, and the page itself driven in headless chromium.
 
-The browser is Debian's ``chromium`` (``.ci/run`` installs it), driven over the Chrome DevTools Protocol with
-``websockets``: no page is ever fetched from the network, and every console error or uncaught exception
-the page raises is collected and asserted empty.
+The browser is Debian's ``chromium`` (``./dev test`` installs it when missing and run as root), driven over the
+Chrome DevTools Protocol with ``websockets``: no page is ever fetched from the network, and every console error or
+uncaught exception the page raises is collected and asserted empty.
 """
 
 from __future__ import annotations
@@ -111,6 +111,10 @@ def test_overlong_turns_are_recorded_as_masked(tmp_path, tokenizer):
 
 # ---- report data ----------------------------------------------------------------------------------------------
 
+def test_the_report_states_how_many_distinct_held_out_tasks_it_measured(run_dir):
+    assert any("held-out success is measured on 2 distinct tasks" in note for note in load_report_data(run_dir).notes)
+
+
 def test_big_runs_are_capped_to_evenly_spaced_steps_and_the_page_says_so(tmp_path):
     (tmp_path / "config.yaml").write_text("train:\n  steps: 10\n")
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "train/loss": "nan" if s == 3 else s}) + "\n"
@@ -152,7 +156,7 @@ class Browser:
 
         exe = shutil.which("chromium") or shutil.which("chromium-browser")
         if exe is None:
-            raise RuntimeError("chromium is not installed: `apt-get install -y chromium` (.ci/run does this)")
+            raise RuntimeError("chromium is not installed: `sudo apt-get install -y chromium` (`./dev test` does this when run as root)")
         self.proc = subprocess.Popen(
             [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--no-default-browser-check",
              "--disable-extensions", "--disable-background-networking", "--remote-debugging-port=0",

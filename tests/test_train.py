@@ -89,6 +89,8 @@ def test_smoke_run_with_gspo_entropy_bonus_and_dr_grpo_aggregation(tmp_path, tok
                                             "algo.norm_std=false"], "gspo")
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert rows[-1]["train/num_samples"] > 0 and math.isfinite(rows[-1]["train/loss"])
+    assert rows[-1]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # one on-policy epoch: the GSPO ratio is 1
+    assert rows[-1]["train/entropy"] > 0
 
 
 def test_smoke_run_with_a_process_reward_model_and_reward_clipping(tmp_path, tokenizer):
@@ -98,11 +100,31 @@ def test_smoke_run_with_a_process_reward_model_and_reward_clipping(tmp_path, tok
     assert "rollout/reward/prm" in rows[-1] and rows[-1]["rollout/reward/prm"] <= 0  # random text is never 'Right'
 
 
-def test_smoke_run_on_frozenlake(tmp_path, tokenizer):
+def test_smoke_run_on_frozenlake(tmp_path, tokenizer, monkeypatch):
+    """The logged validity is the fraction of turns whose text FrozenLake's own parser reads as a move."""
+    from turnrl.envs.frozenlake import ACTIONS
+    from turnrl.envs.parsing import parse_actions
+    from turnrl.rollout import Collector
+
+    collected = []
+    real_collect = Collector.collect
+
+    def spy(self, seeds, group_size, *args, **kwargs):
+        groups = real_collect(self, seeds, group_size, *args, **kwargs)
+        if group_size == 2:  # the training rollouts (evaluation runs one episode per task)
+            collected.append(groups)
+        return groups
+
+    monkeypatch.setattr(Collector, "collect", spy)
     run_dir, _ = _run(tmp_path, tokenizer, ["env.id=frozenlake-v0", "env.progress_reward=0.2", "algo.estimator=gigpo",
                                             "algo.skip_zero_advantage=false"], "fl")
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    assert rows[-1]["rollout/valid_action_rate"] >= 0.0 and "train/loss" in rows[-1]
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "rollout/valid_action_rate" in r]
+    assert len(rows) == len(collected) == 2 and "train/loss" in rows[-1]
+    for row, groups in zip(rows, collected):
+        turns = [t for g in groups for traj in g.trajectories for t in traj.turns]
+        judged = [bool(parse_actions(t.response_text, ACTIONS, 1)) for t in turns]
+        assert [t.valid for t in turns] == judged
+        assert row["rollout/valid_action_rate"] == pytest.approx(sum(judged) / len(judged))
 
 
 @pytest.mark.parametrize("engine", ["hf", "native"])
@@ -125,10 +147,9 @@ def test_resume_continues_bit_identically(tmp_path, tokenizer, engine):
     assert [r["train/loss"] for r in a] == [r["train/loss"] for r in b]
 
 
-def test_resume_without_checkpoint_is_a_clear_error(tmp_path, tokenizer):
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        _run(tmp_path, tokenizer, [], "empty", resume=True)
+def test_resuming_a_directory_that_does_not_exist_is_a_clear_error(tmp_path, tokenizer):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        _run(tmp_path, tokenizer, [], "missing", resume=True)
 
 
 def test_an_alert_can_stop_the_run_with_a_checkpoint(tmp_path, tokenizer, monkeypatch):
@@ -196,17 +217,23 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path, toke
     from turnrl.build import sampling_params
     from turnrl.train import collect_step
 
-    train_groups, collected = collect_step(c, 5, sampling_params(c.cfg))
+    train_groups, collected, tasks, stats = collect_step(c, 5, sampling_params(c.cfg))
+    assert stats.generated_tokens > 0
+    assert [t.seed for t in tasks] == [g.seed for g in collected]
     assert all(len(set(g.rewards)) > 1 for g in train_groups)
     assert len(train_groups) == 2 or len(collected) == 6  # filled, or every round was used
 
 
 def test_train_seeds_are_disjoint_across_steps_and_rounds():
-    from turnrl.train import train_seeds
+    from turnrl.build import TaskSplit, env_factories
 
-    cfg = load_config(None, ["algo.dynamic_sampling_rounds=3", "rollout.tasks_per_step=4"])
-    seen = [s for step in range(5) for r in range(3) for s in train_seeds(cfg, step, r)]
-    assert len(seen) == len(set(seen)) == 60 and max(seen) < cfg.eval.seed_start
+    cfg = load_config(None, ["algo.dynamic_sampling_rounds=3", "rollout.tasks_per_step=4", "env.id=parity-v0",
+                             "env.progress_reward=0"])
+    tasks = TaskSplit(cfg, *env_factories(cfg))
+    seen = [t.seed for step in range(5) for r in range(3) for t in tasks.train_tasks(step, r)]
+    assert seen == list(range(60))  # every parity task is distinct: the blocks of consecutive seeds, as before
+    again = TaskSplit(cfg, *env_factories(cfg))  # a resumed run draws the same tasks for a later step directly
+    assert again.train_tasks(4, 2) == tasks.train_tasks(4, 2)
 
 
 def test_checkpoints_keep_exactly_the_newest_n(tmp_path, tokenizer, tiny_model):
@@ -243,3 +270,176 @@ def test_auto_engine_is_native_where_it_runs_the_model_and_hf_elsewhere(tokenize
     assert "generating with the HF engine" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="rollout.engine=native"):
         build(load_config(None, ["rollout.engine=native"]), gpt2, tokenizer)
+
+
+def test_the_run_says_where_it_is_before_step_1_and_sums_up_at_the_end(tmp_path, tokenizer, capsys):
+    run_dir, c = _run(tmp_path, tokenizer, ["rollout.engine=hf"], "told")
+    err = capsys.readouterr().err
+    head, tail = err.split("finished: 2 steps")
+    for fact in (f"run        {run_dir}", "model", "env        parity-v0", "held-out   2 distinct tasks", "estimator  grpo_turn",
+                 "engine     HFEngine", f"threads    {torch.get_num_threads()}", f"turnrl watch {run_dir}",
+                 f"turnrl report {run_dir}"):
+        assert fact in head, fact
+    assert "held-out success: 0.000 (95% CI 0.000-0.658) at step 0 -> " in tail and "over 2 distinct held-out tasks" in tail
+    assert "wall time" in tail and f"report: {run_dir / 'report.html'}" in tail
+    assert "Writing model shards" not in err  # transformers' save bar is not the user's business
+
+
+def test_loading_silences_transformers_chatter_and_nothing_else(caplog):
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    from turnrl.build import quiet_transformers
+
+    def load():  # what a load says: a transformers deprecation (logger and warning) and someone else's warning
+        hf_logging.get_logger("transformers.configuration_utils").warning("`torch_dtype` is deprecated! Use `dtype` instead!")
+        warnings.warn_explicit("old argument", FutureWarning, "modeling_utils.py", 1, module="transformers.modeling_utils")
+        warnings.warn_explicit("a user's warning", UserWarning, "mine.py", 1, module="mypkg.mine")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with quiet_transformers():
+            load()
+        assert "torch_dtype" not in caplog.text and [str(w.message) for w in caught] == ["a user's warning"]
+        caught.clear()
+        load()  # outside the block, everything shows again
+        assert "torch_dtype" in caplog.text and "old argument" in [str(w.message) for w in caught]
+
+
+def _assert_diverged_cleanly(run_dir, tokenizer, error):
+    """The run stopped with a failed status, an alert and a report; every checkpoint predates the step and is finite."""
+    from turnrl import checkpoint
+    from turnrl.models import tiny_model
+    from turnrl.monitor.files import read_status
+
+    diverged = read_metrics(run_dir / "metrics.jsonl")[-1]["step"]
+    for k in checkpoint.checkpoints(run_dir):
+        model = tiny_model(tokenizer, seed=0)
+        checkpoint.load_weights(k, model)
+        assert checkpoint.load_state(k)["step"] < diverged and checkpoint.non_finite_parameters(model) == []
+    assert read_status(run_dir)["state"] == "failed" and "lower train.lr" in str(error).lower()
+    alert = json.loads((run_dir / "alerts.jsonl").read_text().splitlines()[-1])
+    assert alert["name"] == "non_finite_update" and alert["step"] == diverged and (run_dir / "report.html").exists()
+    return diverged
+
+
+def test_an_update_to_non_finite_weights_stops_the_run_before_any_checkpoint_holds_them(tmp_path, tokenizer, monkeypatch):
+    from turnrl.learner import Learner
+    from turnrl.monitor.monitor import TrainingDiverged
+
+    real, calls = Learner.update, []
+
+    def poisoned_at_step_3(self, *args, **kwargs):
+        metrics = real(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 3:
+            with torch.no_grad():
+                next(self.model.parameters()).fill_(float("nan"))
+        return metrics
+
+    monkeypatch.setattr(Learner, "update", poisoned_at_step_3)
+    with pytest.raises(TrainingDiverged, match="non-finite weights") as e:
+        _run(tmp_path, tokenizer, ["train.steps=4", "log.checkpoint_every=1", "log.keep_checkpoints=9"], "nan")
+    assert _assert_diverged_cleanly(tmp_path / "nan", tokenizer, e.value) == 3
+    assert (tmp_path / "nan" / "checkpoints" / "latest").read_text() == "step_000002"
+
+
+def test_a_huge_learning_rate_stops_the_run_with_a_message(tmp_path, tokenizer):
+    from turnrl.monitor.monitor import TrainingDiverged
+
+    with pytest.raises(TrainingDiverged, match="non-finite") as e:
+        _run(tmp_path, tokenizer, ["train.lr=1e30", "train.steps=4", "log.checkpoint_every=1", "log.keep_checkpoints=9",
+                                   "algo.skip_zero_advantage=false"], "huge")
+    _assert_diverged_cleanly(tmp_path / "huge", tokenizer, e.value)
+
+
+class Broken(Parity):
+    """Its server is gone: every step raises."""
+
+    def step(self, action_text):
+        raise ConnectionError("server closed the connection")
+
+
+if "broken-v0" not in registered():
+    register("broken-v0", Broken, description="test env whose steps fail")
+
+
+def test_a_run_whose_envs_all_fail_raises_an_alert(tmp_path, tokenizer):
+    run_dir, _ = _run(tmp_path, tokenizer, ["env.id=broken-v0", "train.steps=1", "eval.at_start=false"], "broken")
+    alerts = [json.loads(x) for x in (run_dir / "alerts.jsonl").read_text().splitlines()]
+    assert [a["name"] for a in alerts] == ["env_failures"] and alerts[0]["step"] == 1
+    trajectories = [json.loads(x) for x in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+    assert "server closed the connection" in trajectories[0]["error"]
+
+
+def test_held_out_tasks_are_distinct_and_never_trained_on_by_task_key(tmp_path, tokenizer, monkeypatch):
+    """3x3 FrozenLake draws ~50 layouts, so seeds repeat maps: the seed ranges alone would overlap."""
+    from turnrl.envs import make
+    from turnrl.rollout import Collector
+
+    calls = []
+    real = Collector.collect
+
+    def spy(self, seeds, group_size, sampling, env_id=""):
+        calls.append((list(seeds), sampling.temperature == 0.0))
+        return real(self, seeds, group_size, sampling, env_id)
+
+    monkeypatch.setattr(Collector, "collect", spy)
+    overrides = ["env.id=frozenlake-v0", "env.kwargs.size=3", "env.progress_reward=0", "rollout.tasks_per_step=4",
+                 "train.steps=3", "eval.num_tasks=8", "eval.every=0", "log.checkpoint_every=0"]
+    run_dir, _ = _run(tmp_path, tokenizer, overrides, "held")
+
+    def key(seed):
+        env = make("frozenlake-v0", size=3)
+        env.reset(seed=seed)
+        return env.task_key()
+
+    eval_seeds = [s for seeds, greedy in calls if greedy for s in seeds]
+    train_seeds = [s for seeds, greedy in calls if not greedy for s in seeds]
+    eval_keys = [key(s) for s in eval_seeds[:8]]
+    assert len(eval_seeds) == 16 and eval_seeds[:8] == eval_seeds[8:]  # the same 8 tasks at the start and the end
+    assert len(set(eval_keys)) == 8
+    assert len(train_seeds) == 12 and not {key(s) for s in train_seeds} & set(eval_keys)
+    naive_eval = {key(1_000_000 + i) for i in range(8)}  # what seeds alone would have held out and trained on
+    assert {key(s) for s in range(12)} & naive_eval
+    rows = [json.loads(x) for x in (run_dir / "task_keys.jsonl").read_text().splitlines()]
+    assert rows[0]["split"] == "eval" and [t["key"] for t in rows[0]["tasks"]] == eval_keys
+    assert [t["seed"] for r in rows[1:] for t in r["tasks"]] == train_seeds and [r["step"] for r in rows[1:]] == [1, 2, 3]
+    assert all(r["eval/distinct_tasks"] == 8.0 for r in read_metrics(run_dir / "metrics.jsonl") if "eval/success_rate" in r)
+
+
+def _response_tokens(groups):
+    return sum(len(turn.response_ids) for g in groups for t in g.trajectories for turn in t.turns)
+
+
+def test_rollout_counters_cover_every_dynamic_sampling_round(tmp_path, tokenizer):
+    from turnrl.build import sampling_params
+    from turnrl.train import collect_step
+
+    cfg = load_config(None, TINY + [f"log.run_dir={tmp_path}", "algo.dynamic_sampling_rounds=3", "rollout.group_size=2"])
+    from turnrl.models import tiny_model
+
+    c = build(cfg, model=tiny_model(tokenizer, seed=0), tokenizer=tokenizer)
+    for step in range(4):
+        _, collected, _, stats = collect_step(c, step, sampling_params(cfg))
+        assert stats.generated_tokens == _response_tokens(collected)
+
+
+def test_remax_greedy_baselines_do_not_replace_the_steps_rollout_counters(tmp_path, tokenizer):
+    run_dir, _ = _run(tmp_path, tokenizer, ["algo.estimator=remax", "train.steps=1", "log.sample_trajectories=99",
+                                            "eval.at_start=false", "eval.every=0"], "remax")
+    rows = [json.loads(x) for x in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+    sampled = sum(len(turn["response_ids"]) for r in rows for turn in r["turns"])
+    assert len(rows) == 4 and read_metrics(run_dir / "metrics.jsonl")[-1]["perf/generated_tokens"] == sampled
+
+
+def test_an_env_with_a_single_task_has_no_held_out_split_and_says_so():
+    from turnrl.build import TaskSplit, env_factories
+    from turnrl.config import ConfigError
+
+    cfg = load_config(None, ["env.kwargs.map_name=4x4", "eval.num_tasks=8"])  # one fixed map for every seed
+    tasks = TaskSplit(cfg, *env_factories(cfg))
+    assert len(tasks.eval_tasks) == 1
+    with pytest.raises(ConfigError, match="no training task is left outside the held-out set"):
+        tasks.train_tasks(0)

@@ -1,4 +1,5 @@
-"""Config -> components: the envs, the model, the engine, the collectors, the learner.
+"""Config -> components: the envs and their held-out split, the model, the engine, the collectors, the learner;
+and saving / restoring a run's components in a checkpoint.
 
 ``turnrl train``, ``turnrl eval`` and the Python API build a run here and nowhere else. Every env id and
 keyword is tried once before anything big loads, so a typo fails in a second with the env's own message.
@@ -6,14 +7,21 @@ keyword is tried once before anything big loads, so a typo fails in a second wit
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
+import hashlib
 import random
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from turnrl import checkpoint
 from turnrl.agent.context import ContextSpec
 from turnrl.config import Config, ConfigError
 from turnrl.credit.rewards import RewardShaper
@@ -37,6 +45,7 @@ class Components:
     learner: Learner | None = None
     shaper: RewardShaper | None = None  # KL-in-reward and running reward normalisation (None when both are off)
     eval_collector: Collector | None = None  # eval.env_id's collector (None: the training collector)
+    tasks: TaskSplit | None = None  # which seeds are held out, which are trained on
 
 
 def build(cfg: Config, model=None, tokenizer=None) -> Components:
@@ -45,9 +54,10 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
         torch.set_num_threads(cfg.train.threads)
     seed_everything(cfg.train.seed)
     envs, eval_envs = env_factories(cfg)
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model.path)
-    if model is None:
-        model = load_model(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
+    with quiet_transformers():
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model.path)
+        if model is None:
+            model = load_model(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
     ref = frozen_copy(model) if cfg.model.reference else None
     engine = _engine(cfg, model, tokenizer)
     collector, eval_collector = _collectors(cfg, engine, tokenizer, envs, eval_envs)
@@ -57,7 +67,7 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
     shaper = None
     if a.kl_in_reward > 0 or a.reward_norm == "running":
         shaper = RewardShaper(a.kl_in_reward, a.kl_target, a.kl_horizon, normalise=a.reward_norm == "running")
-    return Components(cfg, model, tokenizer, engine, collector, learner, shaper, eval_collector)
+    return Components(cfg, model, tokenizer, engine, collector, learner, shaper, eval_collector, TaskSplit(cfg, envs, eval_envs))
 
 
 def build_for_eval(cfg: Config, engine_kind: str, **engine_options: Any) -> Components:
@@ -66,13 +76,62 @@ def build_for_eval(cfg: Config, engine_kind: str, **engine_options: Any) -> Comp
     The tokenizer comes from ``model.path`` and must be the served model's (``docs/engines.md``).
     """
     envs, eval_envs = env_factories(cfg)  # fail before contacting a server or loading vLLM
-    tokenizer = load_tokenizer(cfg.model.path)
+    with quiet_transformers():
+        tokenizer = load_tokenizer(cfg.model.path)
     try:
         engine = make_engine(engine_kind, tokenizer=tokenizer, model_path=cfg.model.path, seed=cfg.train.seed, **engine_options)
     except ImportError as e:
         raise ConfigError(str(e)) from None
     collector, eval_collector = _collectors(cfg, engine, tokenizer, envs, eval_envs)
-    return Components(cfg, None, tokenizer, engine, collector, eval_collector=eval_collector)
+    return Components(cfg, None, tokenizer, engine, collector, eval_collector=eval_collector,
+                      tasks=TaskSplit(cfg, envs, eval_envs))
+
+
+def describe(c: Components) -> dict[str, str]:
+    """What the run is made of, as the loop announces it before step 1."""
+    cfg = c.cfg
+    model = cfg.model.path
+    if c.model is not None:
+        size = sum(p.numel() for p in c.model.parameters()) / 1e6
+        model += f" ({type(c.model).__name__}, {size:.1f}M parameters, {cfg.model.dtype})"
+    held = f"{len(c.tasks.eval_tasks)} distinct tasks"
+    if len(c.tasks.eval_tasks) < cfg.eval.num_tasks:
+        held += f", fewer than the {cfg.eval.num_tasks} asked: the env has few distinct tasks"
+    return {
+        "model": model,
+        "env": cfg.env.id + (f" (evaluated on {cfg.eval.env_id})" if cfg.eval.env_id else ""),
+        "held-out": f"{held} (eval seeds from {cfg.eval.seed_start}; training skips their task keys)",
+        "estimator": cfg.algo.estimator,
+        "engine": type(c.engine).__name__,
+        "threads": str(torch.get_num_threads()),
+    }
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Loading or saving a model without transformers' chatter the user cannot act on (deprecation notices,
+    progress bars).
+
+    Narrow on purpose: transformers' own logger is raised to ERROR and its bars are off only inside the block, and
+    only its FutureWarning / DeprecationWarning are ignored; everything else still shows.
+    """
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            for category in (FutureWarning, DeprecationWarning):
+                warnings.filterwarnings("ignore", category=category, module=r"transformers(\.|$)")
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+# ---------------------------------------------------------------------------------------------- envs and tasks
 
 
 def env_factories(cfg: Config) -> tuple[Callable[[], Env], Callable[[], Env] | None]:
@@ -94,9 +153,116 @@ def _tried(env_id: str, kwargs: dict[str, Any], seed: int, what: str) -> Callabl
         probe = make(env_id, **kwargs)
         probe.reset(seed=seed)
         probe.close()
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, ConnectionError, ImportError) as e:  # a server down, a missing extra
         raise ConfigError(f"{what}: {e}") from None
     return lambda: make(env_id, **kwargs)
+
+
+class Task(NamedTuple):
+    """A seed and its task key (None when the env's reset failed: the seed then counts as a task of its own)."""
+
+    seed: int
+    key: str | None
+
+
+KEY_CHARS = 256  # a longer task key is kept as its SHA-256 digest
+SCAN_LIMIT = 4096  # consecutive held-out seeds after which training gives up looking for a task of its own
+
+
+def task_key(env: Env, observation: str) -> str:
+    """``env.task_key()`` after a reset; the initial ``observation`` for an env without one (the only fallback).
+
+    Keys longer than :data:`KEY_CHARS` characters become ``"sha256:<hex>"``.
+    """
+    key_of = getattr(env, "task_key", None)  # an env may satisfy the protocol without one
+    try:
+        key = str(key_of()) if key_of is not None else observation
+    except NotImplementedError:
+        key = observation
+    return key if len(key) <= KEY_CHARS else "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def task_keys(env_factory: Callable[[], Env], seeds: range) -> list[Task]:
+    """The task of each seed: a fresh env per seed, reset concurrently (as the collector resets them)."""
+
+    async def one(seed: int) -> Task:
+        env = env_factory()
+        try:
+            observation, _ = await env.areset(seed=seed)
+            return Task(seed, task_key(env, observation))
+        except Exception:  # noqa: BLE001 - the collector records the failing reset as an env error
+            return Task(seed, None)
+        finally:
+            with contextlib.suppress(Exception):
+                env.close()
+
+    async def every() -> list[Task]:
+        return list(await asyncio.gather(*(one(s) for s in seeds)))
+
+    return asyncio.run(every())
+
+
+class TaskSplit:
+    """Evaluation and training tasks, disjoint by task key: held out means unseen, not merely another seed.
+
+    - Evaluation: the first ``eval.num_tasks`` seeds from ``eval.seed_start`` whose keys are distinct (a seed whose
+      task an earlier seed already has is skipped). At most ``16 * eval.num_tasks`` seeds are looked at, so an env
+      with fewer distinct tasks gets a smaller set; ``eval/distinct_tasks`` reports its size.
+    - Training: the seeds from ``train.seed_start`` upwards whose key is no evaluation key, in order. Step ``t``,
+      sampling round ``r`` takes positions ``[(t R + r) n, (t R + r + 1) n)`` of that sequence (``n`` =
+      ``rollout.tasks_per_step``, ``R`` = ``algo.dynamic_sampling_rounds``): a pure function of the step, so a
+      resumed run draws the same tasks; with nothing held out it is the block of ``n`` seeds from
+      ``train.seed_start + (t R + r) n``.
+
+    A key costs a reset of a fresh env; each seed's is computed once (a resumed run recomputes those before it).
+    """
+
+    def __init__(self, cfg: Config, train_envs: Callable[[], Env], eval_envs: Callable[[], Env] | None = None) -> None:
+        self.cfg = cfg
+        self.train_envs, self.eval_envs = train_envs, eval_envs or train_envs
+        self._train: list[Task] = []  # the training sequence found so far
+        self._next_seed = cfg.train.seed_start
+        self._held_since = 0  # consecutive seeds skipped since the last training task found
+
+    @functools.cached_property
+    def eval_tasks(self) -> list[Task]:
+        want, first = self.cfg.eval.num_tasks, self.cfg.eval.seed_start
+        chosen: list[Task] = []
+        keys: set[str | None] = set()
+        seed, last = first, first + 16 * want
+        while len(chosen) < want and seed < last:
+            batch = task_keys(self.eval_envs, range(seed, min(seed + want - len(chosen), last)))
+            seed = batch[-1].seed + 1
+            for t in batch:
+                if t.key is None or t.key not in keys:
+                    chosen.append(t)
+                    keys.add(t.key)
+        return chosen
+
+    @functools.cached_property
+    def held_keys(self) -> frozenset[str]:
+        return frozenset(t.key for t in self.eval_tasks if t.key is not None)
+
+    def train_tasks(self, step: int, round_: int = 0) -> list[Task]:
+        """The tasks of training step ``step`` (0-based), dynamic-sampling round ``round_``."""
+        n = self.cfg.rollout.tasks_per_step
+        first = (step * self.cfg.algo.dynamic_sampling_rounds + round_) * n
+        while len(self._train) < first + n:
+            size = min(256, first + n - len(self._train) + self._held_since)  # look further while seeds keep being held out
+            batch = task_keys(self.train_envs, range(self._next_seed, self._next_seed + size))
+            self._next_seed += len(batch)
+            fresh = [t for t in batch if t.key is None or t.key not in self.held_keys]
+            self._train += fresh
+            self._held_since = 0 if fresh else self._held_since + len(batch)
+            if self._held_since >= SCAN_LIMIT:
+                raise ConfigError(
+                    f"no training task is left outside the held-out set: the {self._held_since} seeds before "
+                    f"{self._next_seed} all draw one of the {len(self.held_keys)} evaluation tasks. {self.cfg.env.id} has too "
+                    "few distinct tasks for a held-out split: give it more (env.kwargs) or evaluate on another env (eval.env_id)")
+        return self._train[first : first + n]
+
+
+# ---------------------------------------------------------------------------------------------- engine, collectors
 
 
 def _engine(cfg: Config, model, tokenizer) -> Engine:
@@ -113,9 +279,12 @@ def _engine(cfg: Config, model, tokenizer) -> Engine:
 
 def _collectors(cfg: Config, engine: Engine, tokenizer, envs, eval_envs) -> tuple[Collector, Collector | None]:
     r = cfg.rollout
-    ctx = ContextSpec(r.context, r.history_turns, r.few_shot, r.max_context_tokens)
-    collector = Collector(engine, tokenizer, envs, ctx)
-    return collector, Collector(engine, tokenizer, eval_envs, ctx) if eval_envs is not None else None
+    ctx = ContextSpec(r.context, r.history_turns, r.few_shot, r.max_context_tokens, r.max_observation_tokens)
+
+    def collector(factory) -> Collector:
+        return Collector(engine, tokenizer, factory, ctx, step_timeout_s=cfg.env.step_timeout_s)
+
+    return collector(envs), collector(eval_envs) if eval_envs is not None else None
 
 
 def sampling_params(cfg: Config, greedy: bool = False) -> SamplingParams:
@@ -129,3 +298,35 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+
+def save(c: Components, run_dir: Path, step: int, monitor_state: dict[str, Any]) -> Path:
+    """Checkpoint the weights, optimizer, engine, reward-shaper and monitor state (and the RNGs) at ``step``."""
+    state = {"learner": c.learner.state_dict(), "engine": c.engine.state_dict(), "monitor": monitor_state}
+    if c.shaper is not None:
+        state["reward_shaper"] = c.shaper.state_dict()
+    with quiet_transformers():
+        return checkpoint.save_checkpoint(run_dir, step, c.model, c.tokenizer, state, keep=c.cfg.log.keep_checkpoints)
+
+
+def restore(c: Components, ckpt: Path, rng: bool = False) -> dict[str, Any]:
+    """Load a checkpoint's weights, optimizer, engine and reward-shaper state (and the RNGs when resuming).
+
+    Returns the checkpoint's state (``step``, ``monitor``, ...). Raises :class:`~turnrl.checkpoint.CheckpointError`
+    when it is damaged, unsafe, or not of this model.
+    """
+    state = checkpoint.load_state(ckpt)  # read and checked before anything is loaded
+    checkpoint.load_weights(ckpt, c.model)
+    try:
+        c.learner.load_state_dict(state["learner"])
+        c.engine.load_state_dict(state["engine"])
+        if c.shaper is not None and "reward_shaper" in state:
+            c.shaper.load_state_dict(state["reward_shaper"])
+        if rng:
+            checkpoint.set_rng_state(state["rng"])
+    except (KeyError, ValueError, TypeError, RuntimeError) as e:
+        raise checkpoint.CheckpointError(f"{ckpt / checkpoint.STATE}: does not fit this run ({type(e).__name__}: {e})") from None
+    return state

@@ -99,9 +99,17 @@ def cmd_train(args) -> int:
     _quiet_transformers()
     if args.resume:
         return _resume(args)
-    run_dir = train(_load(args))
+    return _exit_code(train(_load(args)))
+
+
+def _exit_code(run_dir: Path) -> int:
+    """0 for a run that ended by itself; 130 / 143 (as a shell reports them) for one a SIGINT / SIGTERM stopped."""
+    from turnrl.monitor.files import read_status
+
     print(f"run directory: {run_dir}")
-    return 0
+    status = read_status(run_dir) or {}
+    signal_name = (status.get("message") or "").split(" ", 1)[0] if status.get("state") == "stopped" else ""
+    return {"SIGINT": 130, "SIGTERM": 143}.get(signal_name, 0)
 
 
 def _resume(args) -> int:
@@ -124,9 +132,7 @@ def _resume(args) -> int:
     for c in changes:
         print(f"from step {done}: {c.key} = {c.new!r} (was {c.old!r}; recorded in {run / 'config_changes.jsonl'})",
               file=sys.stderr)
-    train(cfg, resume=run, components=components)
-    print(f"run directory: {run}")
-    return 0
+    return _exit_code(train(cfg, resume=run, components=components))
 
 
 def _checkpoint_model(path: Path) -> Path:
@@ -155,7 +161,7 @@ def cmd_eval(args) -> int:
     m = evaluate(c)
     rate, lo, hi = m["eval/success_rate"], m["eval/success_ci_low"], m["eval/success_ci_high"]
     print(f"{cfg.eval.env_id or cfg.env.id}: success {rate:.3f} (95% CI {lo:.3f}-{hi:.3f}) over "
-          f"{int(m['eval/num_tasks'])} held-out tasks; valid actions {m['eval/valid_action_rate']:.3f}")
+          f"{int(m['eval/distinct_tasks'])} distinct held-out tasks; valid actions {m['eval/valid_action_rate']:.3f}")
     if args.json:
         print(json.dumps(m))
     return 0
@@ -319,18 +325,23 @@ def main(argv: list[str] | None = None) -> int:
         getattr(args, trailing).extend(extra)  # key=value after an option's value (`train a=1 --import m b=2`)
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from turnrl.checkpoint import CheckpointError
     from turnrl.config import ConfigError
     from turnrl.engines.openai_compat import RemoteEngineError
     from turnrl.models import ModelNotFoundError
+    from turnrl.monitor.monitor import TrainingDiverged
 
     try:
         _import_user_code(getattr(args, "imports", []))
         if getattr(args, "help_config", None) is not None:
             return cmd_help_config(args)
         return args.fn(args)
-    except (ConfigError, ModelNotFoundError, FileNotFoundError, FileExistsError, RemoteEngineError) as e:
+    except (ConfigError, ModelNotFoundError, FileNotFoundError, FileExistsError, RemoteEngineError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except TrainingDiverged as e:  # the run's files say what happened; the last good checkpoint is intact
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted; the last checkpoint is intact (resume with `turnrl train --resume RUN`)", file=sys.stderr)
         return 130

@@ -1,14 +1,14 @@
 """The training loop, readable top to bottom.
 
     for step in steps:
-        groups     = collect_step(step)                            # multi-turn rollouts, exact token ids;
-                                                                   # seeds are a pure function of the step
+        groups     = collect_step(step)                            # multi-turn rollouts, exact token ids, on
+                                                                   # tasks no evaluation holds (by task key)
         advantages = assign_credit(groups)                         # one signature for every estimator
         samples    = build_samples(trajectories, advantages)       # loss mask on the model's own tokens
         learner.update(samples)                                    # micro-batches, grad accumulation, clip
         engine.sync_weights()                                      # the engine samples from the new weights
         monitor.after_step(...)                                    # metrics, trajectories, detectors -> go/stop/rollback
-        evaluate on held-out seeds every `eval.every` steps; checkpoint every `log.checkpoint_every`
+        evaluate on held-out tasks every `eval.every` steps; checkpoint every `log.checkpoint_every`
 
 What it implements, plainly: on-policy policy gradient with a PPO-clip surrogate against the engine's
 behaviour logprobs (one optimizer step per batch by default, so the ratio is 1 up to bf16 noise and the
@@ -17,6 +17,11 @@ default ``grpo_turn`` gives each turn its own from discounted turn returns; epis
 every turn of a trajectory the same value), each spread over that turn's response tokens, and no KL term
 unless ``algo.kl_coef > 0``.
 
+The run's life: it says where it writes before step 1 and sums up at the end; SIGTERM or Ctrl-C finishes the step
+in flight, checkpoints and writes the report (a second signal aborts); an update that leaves a weight NaN or
+infinite stops the run before anything is checkpointed; ``--resume`` continues from the newest checkpoint that
+loads, with the logs cut back to it.
+
 Components come from :mod:`turnrl.build`; everything recorded or watched goes through
 :class:`turnrl.monitor.monitor.Monitor`.
 """
@@ -24,117 +29,125 @@ Components come from :mod:`turnrl.build`; everything recorded or watched goes th
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 from turnrl import checkpoint, credit
-from turnrl.build import Components, build, sampling_params
-from turnrl.config import Config
+from turnrl.build import Components, Task, build, describe, restore, sampling_params, save
+from turnrl.config import Config, write_config
+from turnrl.credit.base import is_env_error
 from turnrl.credit.filters import apply_group_mask, keep_informative_groups, mask_overlong
 from turnrl.credit.rewards import apply_process_rewards, clip_rewards, load_prm
 from turnrl.engines import SamplingParams
 from turnrl.learner import ValueBatch, build_samples
-from turnrl.monitor.metrics import eval_metrics, rollout_metrics, step_metrics
+from turnrl.monitor.metrics import credit_metrics, eval_metrics, rollout_metrics, step_metrics
 from turnrl.monitor.monitor import Monitor
-from turnrl.types import Advantages, TrajectoryGroup
+from turnrl.rollout import RolloutStats
+from turnrl.types import Advantages, TrainSample, TrajectoryGroup
 
 
 def train(cfg: Config, resume: Path | None = None, components: Components | None = None, run_dir: Path | None = None) -> Path:
-    """Run (or continue) training; returns the run directory."""
+    """Run (or continue) training; returns the run directory.
+
+    ``resume`` continues that run directory from its newest checkpoint that loads (see :func:`resume_from`).
+    """
     c = components or build(cfg)
+    c.tasks.train_tasks(0)  # an env with no task outside the held-out set fails here, before anything is written
     run_dir = Path(resume) if resume else (run_dir or make_run_dir(cfg))
-    start = restore(c, _latest(run_dir), rng=True) if resume else 0
-    monitor = Monitor(run_dir, cfg, start, c.tokenizer)
+    ckpt, state = resume_from(c, run_dir) if resume else (None, None)
+    start = state["step"] if state else 0
     estimator = credit.get_estimator(cfg.algo.estimator)
     params = credit_params(cfg)
     sampling = sampling_params(cfg)
     prm = load_prm(cfg.algo.prm) if cfg.algo.prm else None
     t_start = time.perf_counter()
 
-    if resume:
-        monitor.saved(checkpoint.latest_checkpoint(run_dir))
-    elif monitor.may_roll_back:  # a rollback needs a checkpoint from before any alert
-        monitor.saved(save(c, run_dir, start))
-    if start == 0 and cfg.eval.at_start:
-        monitor.log(0, evaluate(c))
-    for step in range(start, cfg.train.steps):
-        t0 = time.perf_counter()
-        groups, collected = collect_step(c, step, sampling)
-        t_rollout = time.perf_counter() - t0
-        trajectories = [t for g in groups for t in g.trajectories]
-        step_params = credit_inputs(c, groups, estimator, params)  # critic values / greedy baselines, if declared
-        advantages = assign_credit(c, groups, estimator, step_params, prm)
-        samples = build_samples(trajectories, advantages)
-        if cfg.algo.skip_zero_advantage and cfg.algo.kl_coef == 0 and cfg.algo.entropy_coef == 0:
-            samples = [s for s in samples if any(a != 0.0 for a in s.advantages)]
-        t1 = time.perf_counter()
-        metrics = c.learner.update(samples, value_batch(c, groups, estimator, step_params))
-        metrics.update(c.shaper.last_metrics if c.shaper else {})
-        t_train = time.perf_counter() - t1
-        c.engine.sync_weights()
+    with Monitor(run_dir, cfg, c.tokenizer, resumed=state) as monitor:
+        monitor.start(describe(c), c.tasks.eval_tasks)
+        if ckpt is not None:
+            monitor.saved(ckpt)
+        elif monitor.may_roll_back:  # a rollback needs a checkpoint from before any alert
+            monitor.saved(save(c, run_dir, start, monitor.state_dict()))
+        if start == 0 and cfg.eval.at_start and not monitor.evaluated_at_start:
+            monitor.log(0, evaluate(c))
+        for step in range(start, cfg.train.steps):
+            if monitor.stop_requested:  # a signal before this step began: the last checkpoint is the run's state
+                break
+            t0 = time.perf_counter()
+            groups, collected, tasks, stats = collect_step(c, step, sampling)
+            t_rollout = time.perf_counter() - t0
+            trajectories = [t for g in groups for t in g.trajectories]
+            step_params = credit_inputs(c, groups, estimator, params)  # critic values / greedy baselines, if declared
+            advantages = assign_credit(c, groups, estimator, step_params, prm)
+            samples = build_samples(trajectories, advantages)
+            if cfg.algo.skip_zero_advantage and cfg.algo.kl_coef == 0 and cfg.algo.entropy_coef == 0:
+                samples = [s for s in samples if any(a != 0.0 for a in s.advantages)]
+            t1 = time.perf_counter()
+            metrics, broken = learn(c, samples, value_batch(c, groups, estimator, step_params))
+            metrics.update(c.shaper.last_metrics if c.shaper else {})
+            t_train = time.perf_counter() - t1
+            done = step + 1
+            if broken:  # stop: never sample from, or checkpoint, a model the update broke
+                raise monitor.diverged(done, metrics, broken)
+            c.engine.sync_weights()
 
-        metrics.update(rollout_metrics(collected))
-        metrics["rollout/train_groups"] = float(len(groups))
-        metrics["rollout/collected_groups"] = float(len(collected))
-        metrics.update(step_metrics(advantages, samples, c.collector.stats, t_rollout, t_train, t_start))
-        done = step + 1
-        out_of_time = cfg.train.max_minutes > 0 and (time.perf_counter() - t_start) > 60 * cfg.train.max_minutes
-        if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps or out_of_time:
-            metrics.update(evaluate(c))
-        action = monitor.after_step(done, metrics, groups, advantages, samples)
-        if action == "rollback":  # the bad steps' weights are gone; the step counter (hence the task seeds) moves on
-            monitor.rolled_back(done, restore(c, monitor.rollback_target), metrics)
-            continue
-        at_end = (done == cfg.train.steps or out_of_time) and cfg.log.checkpoint_at_end
-        if (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0) or at_end or action == "stop":
-            monitor.saved(save(c, run_dir, done))
-        if out_of_time or action == "stop":
-            break
-    monitor.close()
+            metrics.update(rollout_metrics(collected))
+            metrics["rollout/train_groups"] = float(len(groups))
+            metrics["rollout/collected_groups"] = float(len(collected))
+            metrics.update(credit_metrics(groups, advantages))
+            metrics.update(step_metrics(samples, stats, t_rollout, t_train, t_start))
+            monitor.record_tasks(done, tasks)
+            out_of_time = cfg.train.max_minutes > 0 and (time.perf_counter() - t_start) > 60 * cfg.train.max_minutes
+            if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps or out_of_time:
+                metrics.update(evaluate(c))
+            action = monitor.after_step(done, metrics, groups, advantages, samples)
+            if action == "rollback":  # the bad steps' weights are gone; the step counter (hence the tasks) moves on
+                monitor.rolled_back(done, restore(c, monitor.rollback_target)["step"], metrics)
+                continue
+            at_end = (done == cfg.train.steps or out_of_time) and cfg.log.checkpoint_at_end
+            if (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0) or at_end or action == "stop":
+                monitor.saved(save(c, run_dir, done, monitor.state_dict()))
+            if out_of_time or action == "stop":
+                break
     return run_dir
 
 
 # ---------------------------------------------------------------------------------------------- data
 
 
-def train_seeds(cfg: Config, step: int, round_: int = 0) -> list[int]:
-    """Task seeds of training step ``step`` (0-based), sampling round ``round_``.
+def collect_step(c: Components, step: int, sampling: SamplingParams
+                 ) -> tuple[list[TrajectoryGroup], list[TrajectoryGroup], list[Task], RolloutStats]:
+    """Collect the step's groups; returns ``(train_groups, all_groups, their tasks, the collector's counters)``.
 
-    Each step owns a block of ``tasks_per_step * dynamic_sampling_rounds`` seeds, so seeds are a pure
-    function of (step, round): disjoint across steps, never eval seeds, and a resumed run draws the same.
-    """
-    n = cfg.rollout.tasks_per_step
-    return [cfg.train.seed_start + (step * cfg.algo.dynamic_sampling_rounds + round_) * n + i for i in range(n)]
-
-
-def collect_step(c: Components, step: int, sampling: SamplingParams) -> tuple[list[TrajectoryGroup], list[TrajectoryGroup]]:
-    """Collect the step's groups; returns ``(train_groups, all_groups)``.
-
-    With ``algo.dynamic_sampling_rounds > 1`` (DAPO's dynamic sampling), groups whose rewards do not vary
-    are set aside and further rounds of fresh tasks are collected until ``tasks_per_step`` groups with
-    reward variance are found or the rounds run out; the batch is those groups.
+    The tasks are :meth:`~turnrl.build.TaskSplit.train_tasks` of the step: a pure function of it, never a held-out
+    task. With ``algo.dynamic_sampling_rounds > 1`` (DAPO's dynamic sampling), groups whose rewards do not vary are
+    set aside and further rounds of fresh tasks are collected until ``tasks_per_step`` groups with reward variance
+    are found or the rounds run out; the batch is those groups. The counters cover every round, nothing else.
     """
     cfg = c.cfg
     rounds = cfg.algo.dynamic_sampling_rounds
     everything: list[TrajectoryGroup] = []
     informative: list[TrajectoryGroup] = []
+    tasks: list[Task] = []
+    c.collector.take_stats()  # drop what earlier collections (evaluations, greedy baselines) counted
     for r in range(rounds):
-        groups = c.collector.collect(train_seeds(cfg, step, r), cfg.rollout.group_size, sampling, env_id=cfg.env.id)
+        round_tasks = c.tasks.train_tasks(step, r)
+        groups = c.collector.collect([t.seed for t in round_tasks], cfg.rollout.group_size, sampling, env_id=cfg.env.id)
         everything += groups
-        if rounds == 1:
-            return groups, groups
-        informative += [g for g in groups if len(set(g.rewards)) > 1]
-        if len(informative) >= cfg.rollout.tasks_per_step:
+        tasks += round_tasks
+        informative += [g for g, clean in zip(groups, credit.without_env_errors(groups)) if len(set(clean.rewards)) > 1]
+        if rounds == 1 or len(informative) >= cfg.rollout.tasks_per_step:
             break
-    return informative[: cfg.rollout.tasks_per_step], everything
+    batch = everything if rounds == 1 else informative[: cfg.rollout.tasks_per_step]
+    return batch, everything, tasks, c.collector.take_stats()
 
 
 def evaluate(c: Components, seeds: list[int] | None = None) -> dict[str, float]:
-    """Success on held-out seeds, one episode each (greedy by default), with a 95% interval."""
+    """Success on the held-out tasks (distinct by task key), one episode each (greedy by default), with a 95% interval."""
     cfg = c.cfg
-    seeds = seeds if seeds is not None else [cfg.eval.seed_start + i for i in range(cfg.eval.num_tasks)]
+    seeds = seeds if seeds is not None else [t.seed for t in c.tasks.eval_tasks]
     t0 = time.perf_counter()
     collector = c.eval_collector or c.collector
     groups = collector.collect(seeds, 1, sampling_params(cfg, greedy=cfg.eval.greedy), env_id=cfg.eval.env_id or cfg.env.id)
@@ -147,7 +160,8 @@ def evaluate(c: Components, seeds: list[int] | None = None) -> dict[str, float]:
 def credit_params(cfg: Config) -> credit.CreditParams:
     a = cfg.algo
     return credit.CreditParams(norm_std=a.norm_std, gamma=a.gamma, step_weight=a.step_weight, similarity=a.gigpo_similarity,
-                               lam=a.lam, gamma_token=a.gamma_token, whiten=a.whiten_advantages)
+                               gigpo_pooling=a.gigpo_pooling, lam=a.lam, gamma_token=a.gamma_token,
+                               whiten=a.whiten_advantages, whiten_std=a.whiten_std)
 
 
 def credit_inputs(c: Components, groups: list[TrajectoryGroup], estimator, params: credit.CreditParams) -> credit.CreditParams:
@@ -161,7 +175,8 @@ def credit_inputs(c: Components, groups: list[TrajectoryGroup], estimator, param
         params = dataclasses.replace(params, values=c.learner.critic.predict(trajectories))
     if credit.estimator_flag(estimator, "needs_greedy_baseline"):
         greedy = c.collector.collect([g.seed for g in groups], 1, sampling_params(c.cfg, greedy=True), env_id=c.cfg.env.id)
-        by_seed = {g.seed: g.trajectories[0].total_reward for g in greedy}
+        # a greedy episode that ended in an env error gives its task no baseline (advantage 0)
+        by_seed = {g.seed: None if is_env_error(g.trajectories[0]) else g.trajectories[0].total_reward for g in greedy}
         params = dataclasses.replace(params, baseline_rewards=tuple(by_seed[g.seed] for g in groups))
     return params
 
@@ -184,6 +199,19 @@ def assign_credit(c: Components, groups: list[TrajectoryGroup], estimator, param
     return advantages
 
 
+def learn(c: Components, samples: list[TrainSample], values: ValueBatch | None) -> tuple[dict[str, float], str | None]:
+    """The learner's update; returns its metrics and, when the update broke the model, what broke.
+
+    Broken: a non-finite gradient (the learner skips that step) or non-finite weights after it.
+    """
+    try:
+        metrics = c.learner.update(samples, values)
+    except FloatingPointError as e:
+        return {}, f"a non-finite gradient ({e})"
+    bad = checkpoint.non_finite_parameters(c.model)
+    return metrics, f"non-finite weights in {', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}" if bad else None
+
+
 def value_batch(c: Components, groups: list[TrajectoryGroup], estimator, params: credit.CreditParams) -> ValueBatch | None:
     """The critic's training targets from the estimator's ``value_targets`` (None without a critic)."""
     if c.learner.critic is None:
@@ -196,40 +224,45 @@ def value_batch(c: Components, groups: list[TrajectoryGroup], estimator, params:
 
 
 def make_run_dir(cfg: Config) -> Path:
+    """A new run's directory with its resolved ``config.yaml``. One that holds a checkpoint is refused (resume it);
+    one without (a run killed before its first checkpoint) is started afresh."""
     name = cfg.log.name or f"{cfg.env.id}-{cfg.algo.estimator}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(cfg.log.run_dir) / name
-    if (run_dir / "checkpoints").exists():
+    if checkpoint.checkpoints(run_dir):
         raise FileExistsError(f"run directory {run_dir} already has checkpoints; use `turnrl train --resume {run_dir}` to continue it")
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    checkpoint.discard_partial(run_dir)
+    write_config(cfg, run_dir / "config.yaml")
     return run_dir
 
 
-def save(c: Components, run_dir: Path, step: int) -> Path:
-    """Checkpoint the weights, optimizer, engine and reward-shaper state (and the RNGs) at ``step``."""
-    state = {"learner": c.learner.state_dict(), "engine": c.engine.state_dict()}
-    if c.shaper is not None:
-        state["reward_shaper"] = c.shaper.state_dict()
-    return checkpoint.save_checkpoint(run_dir, step, c.model, c.tokenizer, state, keep=c.cfg.log.keep_checkpoints)
+def resume_from(c: Components, run_dir: Path) -> tuple[Path | None, dict[str, Any] | None]:
+    """Restore the newest checkpoint of ``run_dir`` that loads (with the RNGs); returns it and its state.
+
+    A damaged newer checkpoint is reported in one line and set aside (renamed ``*.bad``). With no checkpoint at all
+    (a run killed before its first) returns ``(None, None)``: the run starts over. When checkpoints exist and none
+    loads, raises :class:`~turnrl.checkpoint.CheckpointError` and changes nothing.
+    """
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"{run_dir} does not exist; pass the run directory `turnrl train` printed")
+    checkpoint.discard_partial(run_dir)
+    if problem := checkpoint.pointer_problem(run_dir):
+        print(f"{problem}; resuming from the newest complete checkpoint instead", file=sys.stderr)
+    damaged: list[tuple[Path, checkpoint.CheckpointError]] = []
+    for ckpt in checkpoint.checkpoints(run_dir):
+        try:
+            state = restore(c, ckpt, rng=True)
+        except checkpoint.CheckpointError as e:
+            damaged.append((ckpt, e))
+            continue
+        for bad, e in damaged:
+            print(f"{e}; set aside as {checkpoint.set_aside(bad).name}", file=sys.stderr)
+        return ckpt, state
+    if damaged:
+        raise checkpoint.CheckpointError(" | ".join(str(e) for _, e in damaged))
+    print(f"{run_dir} has no checkpoint: starting it over from step 0", file=sys.stderr)
+    if not (Path(run_dir) / "config.yaml").exists():
+        write_config(c.cfg, Path(run_dir) / "config.yaml")
+    return None, None
 
 
-def restore(c: Components, ckpt: Path, rng: bool = False) -> int:
-    """Load a checkpoint's weights, optimizer, engine and reward-shaper state (and the RNGs when resuming); returns its step."""
-    from safetensors.torch import load_model as load_weights
-
-    state = checkpoint.load_state(ckpt)
-    load_weights(c.model, ckpt / "model" / "model.safetensors", strict=False)
-    c.learner.load_state_dict(state["learner"])
-    c.engine.load_state_dict(state["engine"])
-    if c.shaper is not None and "reward_shaper" in state:
-        c.shaper.load_state_dict(state["reward_shaper"])
-    if rng:
-        checkpoint.set_rng_state(state["rng"])
-    return int(state["step"])
-
-
-def _latest(run_dir: Path) -> Path:
-    ckpt = checkpoint.latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from (looked for {run_dir}/checkpoints/latest)")
-    return ckpt

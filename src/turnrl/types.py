@@ -9,6 +9,8 @@ Terms follow DESIGN.md:
   turn; format / invalid-action penalties are separate named components;
 - a **group** is copies of one task (same seed) rolled out under the same policy;
 - **behaviour logprobs** are the logprobs the engine sampled with;
+- a **task key** is what makes two tasks the same (map layout, puzzle, question id, product, program): held-out
+  sets are disjoint from training by task key, not by seed;
 - **advantages** are an estimator's credit for a batch (:class:`Advantages`).
 """
 
@@ -68,8 +70,9 @@ class Trajectory:
     success: bool = False  # the env's verifier says the task was solved
     group_index: int = 0  # which group (task) this trajectory belongs to
     policy_version: int = 0  # engine weight version that produced every turn
-    error: str | None = None  # message when termination == ENV_ERROR
+    error: str | None = None  # message when termination == ENV_ERROR; also records a close() that failed after any ending
     context: str = "per_step"  # context strategy that produced the token ids
+    task_key: str | None = None  # what makes two tasks the same (Env.task_key()); None if the env gave none
 
     @property
     def total_reward(self) -> float:
@@ -166,6 +169,11 @@ class Advantages:
         if self.tokens is not None:
             return [float(x) for traj in self.tokens for turn in traj for x in turn]
         return [float(a) for traj in self.turns for a in traj]
+
+    def rows(self, indices: list[int]) -> "Advantages":
+        """The advantages of trajectories ``indices`` only, in that order."""
+        tokens = [self.tokens[i] for i in indices] if self.tokens is not None else None
+        return Advantages([self.turns[i] for i in indices], tokens)
 
     def masked(self, keep: Callable[[int, int], bool]) -> "Advantages":
         """A copy with every turn ``(i, j)`` for which ``keep(i, j)`` is False set to 0 (its tokens too)."""

@@ -85,8 +85,8 @@ class AlgoConfig(_Section):
     kl_coef: float = Field(0.0, ge=0.0, description="KL-to-reference loss coefficient (0 = off)")
     kl_type: Literal["k1", "k2", "k3", "k3+"] = Field("k3", description="KL estimator ('k3+': k3's value, k2's gradient)")
     kl_clamp: float = Field(
-        10.0, ge=0.0, description="clamp the k3 / k3+ estimate to [-c, c] per token, as verl's low_var_kl does with 10 "
-        "(0 = off)"
+        10.0, ge=0.0, description="clamp the k3 / k3+ estimate to [-c, c] per token, as verl's low_var_kl does with 10; "
+        "where it clamps, k3's gradient is 0 and k3+ keeps k2's (0 = off)"
     )
     ppo_epochs: int = Field(1, ge=1, description="passes over each batch")
     prm: str = Field("", description="process-reward model 'package.module:function(trajectory, turn) -> float' ('' = none)")
@@ -113,8 +113,8 @@ class AlgoConfig(_Section):
     gamma_token: float = Field(1.0, ge=0.0, le=1.0, description="per-token discount of token-level GAE and within a turn (bi-level)")
     whiten_advantages: bool = Field(True, description="GAE estimators: whiten advantages over the batch's response tokens")
     whiten_std: Literal["population", "unbiased"] = Field(
-        "population", description="std used by that whitening: 'population' (OpenRLHF's masked_whiten) or 'unbiased' "
-        "(Bessel-corrected, TRL's masked_whiten)"
+        "population", description="std of batch whitening (GAE estimators and REINFORCE++): 'population' (divide by n, "
+        "OpenRLHF's advantage normalisation) or 'unbiased' (n - 1, TRL's and verl's masked_whiten)"
     )
     kl_in_reward: float = Field(
         0.0, ge=0.0, description="beta of a KL(pi || ref) penalty subtracted from each turn's reward before credit (0 = off; needs model.reference)"
@@ -153,7 +153,8 @@ class TrainConfig(_Section):
 class EvalConfig(_Section):
     every: int = Field(5, ge=0, description="evaluate every N steps (0 = only at start and end)")
     num_tasks: int = Field(64, ge=1, description="held-out tasks per evaluation")
-    seed_start: int = Field(1_000_000, ge=0, description="first eval seed; must not overlap training seeds")
+    seed_start: int = Field(1_000_000, ge=0, description="first eval seed; must not overlap training seeds (training "
+                            "also skips any seed whose task key is held out)")
     greedy: bool = Field(True, description="greedy decoding in evaluation")
     at_start: bool = Field(True, description="evaluate the untrained model before step 1")
     env_id: str = Field("", description="evaluate on this env instead of env.id: a trusted verifier next to a training one")

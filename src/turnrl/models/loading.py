@@ -52,14 +52,22 @@ def default_model_dir() -> Path:
     if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
         return target
     gguf = _default_gguf_path()
+    import functools
+    import sys
+    from unittest import mock
+
+    import tqdm.auto
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    print(f"converting the embedded SmolLM2-135M-Instruct to safetensors under {target} (once)", file=sys.stderr)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers' GGUF reader draws its own tqdm bar, which no transformers switch turns off
+    with mock.patch("transformers.modeling_gguf_pytorch_utils.tqdm", functools.partial(tqdm.auto.tqdm, disable=True)):
+        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.torch_dtype = "float32"
+    config.dtype = torch.float32
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(quantized.state_dict(), strict=False)
     missing = [k for k in missing if k != "lm_head.weight" or not config.tie_word_embeddings]

@@ -1,5 +1,5 @@
-"""Watching a run: metric sinks, trajectory records, pathology detectors and their actions
-(:class:`turnrl.monitor.monitor.Monitor`), ``turnrl watch`` and ``turnrl report``.
+"""Watching a run: metric sinks, trajectory records, pathology detectors and their actions, the run's status and
+stop signals, what it prints (:class:`turnrl.monitor.monitor.Monitor`), ``turnrl watch`` and ``turnrl report``.
 
 Kept light on purpose: ``turnrl watch`` and ``turnrl report`` import this package without torch.
 """

@@ -25,10 +25,49 @@ class Alert:
 
 
 class Detector:
+    """Reads each step's metrics and returns an :class:`Alert` when its condition holds.
+
+    Its windows and counters are its attributes; :meth:`state_dict` and :meth:`load_state_dict` save and
+    restore all of them as plain data (deques, sets and dicts included), so a resumed run's detectors see the
+    same history as an uninterrupted run's.
+    """
+
     name = "detector"
 
     def update(self, step: int, metrics: dict[str, float]) -> Alert | None:
         raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: _plain(v) for k, v in vars(self).items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, _restored(v))
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as lists, dicts and scalars; deques and sets are tagged so :func:`_restored` rebuilds them."""
+    if isinstance(value, deque):
+        return {"__deque__": [_plain(v) for v in value], "maxlen": value.maxlen}
+    if isinstance(value, (set, frozenset)):
+        return {"__set__": sorted(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _restored(value: Any) -> Any:
+    if isinstance(value, dict) and "__deque__" in value:
+        return deque((_restored(v) for v in value["__deque__"]), maxlen=value["maxlen"])
+    if isinstance(value, dict) and "__set__" in value:
+        return set(value["__set__"])
+    if isinstance(value, dict):
+        return {k: _restored(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restored(v) for v in value]
+    return value
 
 
 class NonFinite(Detector):
@@ -252,6 +291,33 @@ class TemplateCollapse(Detector):
         return None
 
 
+class EnvFailures(Detector):
+    """Episodes ending in an env error (``rollout/termination/env_error``, or ``eval/...`` in an evaluation) at a rate
+    of at least ``max_rate``: the env or its server is failing, and the step trains on little or nothing.
+
+    Fires when the failures begin, and again only after a step below the rate.
+    """
+
+    name = "env_failures"
+
+    def __init__(self, max_rate: float = 0.5) -> None:
+        self.max_rate = max_rate
+        self.failing = False
+
+    def update(self, step, metrics):
+        rates = {k: v for k in ("rollout/termination/env_error", "eval/termination/env_error") if (v := metrics.get(k)) is not None}
+        if not rates:
+            return None
+        bad = {k: v for k, v in rates.items() if v >= self.max_rate}
+        began = bool(bad) and not self.failing
+        self.failing = bool(bad)
+        if not began:
+            return None
+        where = ", ".join(f"{k} = {v:.2f}" for k, v in bad.items())
+        return Alert(self.name, step, f"env errors ended most episodes ({where}): the env or its server is failing, so "
+                     "the step trains on little or nothing; the errors are in trajectories.jsonl", bad)
+
+
 def default_detectors() -> list[Detector]:
     return [NonFinite(), EntropyCollapse(), TemplateCollapse(), KLBlowup(), GradSpike(), LengthExplosion(), RewardHacking(),
-            InvalidActionExploit()]
+            InvalidActionExploit(), EnvFailures()]

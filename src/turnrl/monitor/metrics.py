@@ -1,5 +1,5 @@
-"""What a step's rollouts, credit and timings measure: the ``rollout/*``, ``eval/*``, ``train/advantage_*`` and
-``perf/*`` metrics (docs/metrics.md lists each). Pure functions of the step's records."""
+"""What a step's rollouts, credit and timings measure: the ``rollout/*``, ``eval/*``, ``train/advantage_*``,
+``credit/*`` and ``perf/*`` metrics (docs/metrics.md lists each). Pure functions of the step's records."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import time
 
 import numpy as np
 
+from turnrl.credit import group_counts
+from turnrl.credit.base import is_env_error
 from turnrl.rollout import RolloutStats
 from turnrl.types import Advantages, Termination, TrainSample, TrajectoryGroup
 
@@ -57,7 +59,7 @@ def cross_input_similarity(groups: list[TrajectoryGroup], max_pairs: int = 256) 
     return sum(sims) / len(sims) if sims else None
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
     """95% Wilson score interval for a success rate (8 lines; not worth a statistics dependency)."""
     if n == 0:
         return 0.0, 1.0
@@ -69,22 +71,43 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 
 
 def eval_metrics(groups: list[TrajectoryGroup], seconds: float) -> dict[str, float]:
-    """``eval/*``: the rollout metrics of held-out episodes plus the success rate's 95% interval."""
+    """``eval/*``: the rollout metrics of held-out episodes, the number of distinct tasks, and the success rate's 95%
+    interval over those tasks.
+
+    Tasks are told apart by ``Trajectory.task_key`` (by the group's seed where it is None); the interval counts each
+    distinct task once, at the mean success of its episodes, so a task drawn twice does not narrow it.
+    """
     m = rollout_metrics(groups, prefix="eval")
-    wins = sum(t.success for g in groups for t in g.trajectories)
-    lo, hi = wilson_interval(wins, len(groups))
-    m.update({"eval/success_ci_low": lo, "eval/success_ci_high": hi, "eval/num_tasks": float(len(groups))})
+    by_task: dict[object, list[bool]] = {}
+    for g in groups:
+        for t in g.trajectories:
+            by_task.setdefault(t.task_key if t.task_key is not None else ("seed", g.seed), []).append(t.success)
+    wins = sum(sum(s) / len(s) for s in by_task.values())
+    lo, hi = wilson_interval(wins, len(by_task))
+    m.update({"eval/success_ci_low": lo, "eval/success_ci_high": hi, "eval/num_tasks": float(len(groups)),
+              "eval/distinct_tasks": float(len(by_task))})
     m["perf/eval_s"] = seconds
     return m
 
 
-def step_metrics(advantages: Advantages, samples: list[TrainSample], stats: RolloutStats, t_rollout: float,
-                 t_train: float, t_start: float) -> dict[str, float]:
-    """Advantage statistics and ``perf/*`` timings of one step (``stats``: the collector's counters)."""
-    flat_adv = advantages.values()
+def credit_metrics(groups: list[TrajectoryGroup], advantages: Advantages) -> dict[str, float]:
+    """Advantage statistics over the trajectories credit used (env errors are out of it, with advantage 0), and what
+    group-relative credit could not use: singleton groups and env-error trajectories."""
+    trajs = [t for g in groups for t in g.trajectories]
+    values = advantages.rows([i for i, t in enumerate(trajs) if not is_env_error(t)]).values()
+    counts = group_counts(groups)
     return {
-        "train/advantage_mean": float(np.mean(flat_adv)) if flat_adv else 0.0,
-        "train/advantage_std": float(np.std(flat_adv)) if flat_adv else 0.0,
+        "train/advantage_mean": float(np.mean(values)) if values else 0.0,
+        "train/advantage_std": float(np.std(values)) if values else 0.0,
+        "credit/singleton_groups": float(counts.singleton_groups),
+        "credit/env_error_trajectories": float(counts.env_error_trajectories),
+    }
+
+
+def step_metrics(samples: list[TrainSample], stats: RolloutStats, t_rollout: float, t_train: float,
+                 t_start: float) -> dict[str, float]:
+    """``perf/*`` timings of one step (``stats``: the collector's counters over the step's sampling rounds)."""
+    return {
         "perf/rollout_s": t_rollout,
         "perf/train_s": t_train,
         "perf/generate_s": stats.generate_s,

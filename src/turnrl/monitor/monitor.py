@@ -1,45 +1,94 @@
-"""The run's monitor: one object that records every step and decides what an alert does.
+"""The run's monitor: one object that records every step, decides what an alert does, and says how the run ended.
 
 It owns the metric sinks (``metrics.jsonl``, TensorBoard, W&B, MLflow), the trajectory records
-(``trajectories.jsonl``), the pathology detectors and their actions (``alerts.jsonl``), the progress bar and
-the final report. The training loop calls :meth:`Monitor.after_step` once per step and acts on its answer:
+(``trajectories.jsonl``), the tasks seen (``task_keys.jsonl``), the pathology detectors and their actions
+(``alerts.jsonl``), ``status.json``, the stop signals, the console (what the run is, a progress bar, a summary)
+and the final report. The training loop enters it as a context manager and calls :meth:`Monitor.after_step` once
+per step, acting on its answer:
 
 - ``"go"``: carry on;
-- ``"stop"``: checkpoint and stop (``monitor.on_alert: stop``, or a rollback with nothing left to roll back to);
+- ``"stop"``: checkpoint and stop (``monitor.on_alert: stop``, a rollback with nothing left to roll back to, or
+  SIGTERM / SIGINT: the step in flight finishes first, a second signal aborts at once);
 - ``"rollback"``: restore :attr:`Monitor.rollback_target` (the last checkpoint saved before any alert fired),
   then call :meth:`Monitor.rolled_back`.
+
+A resumed run's monitor starts from the checkpoint's :meth:`state_dict` (detector windows, rollback counter) and
+cuts the logs back to the checkpoint's step, so it continues exactly as the uninterrupted run would have.
 """
 
 from __future__ import annotations
 
-import json
-import sys
+import time
 from pathlib import Path
-from typing import Literal
+from types import TracebackType
+from typing import Any, Literal
 
 from turnrl.config import Config
+from turnrl.monitor.console import Progress, duration, header, held_out_line
 from turnrl.monitor.detectors import Alert, Detector, default_detectors
+from turnrl.monitor.files import append_jsonl, cut_logs, live_owner, read_jsonl, write_status
 from turnrl.monitor.records import write_trajectories
+from turnrl.monitor.signals import StopSignals
 from turnrl.monitor.sinks import JsonlSink, MetricLogger, MlflowSink, TensorBoardSink, WandbSink
 from turnrl.types import Advantages, TrainSample, TrajectoryGroup
 
 Action = Literal["go", "stop", "rollback"]
 
 
-class Monitor:
-    """Sinks, trajectory records, detectors and their actions for the run in ``run_dir`` (see the module docstring)."""
+class TrainingDiverged(RuntimeError):
+    """An update produced a non-finite gradient or non-finite weights: the run stopped without checkpointing them."""
 
-    def __init__(self, run_dir: Path, cfg: Config, start: int, tokenizer) -> None:
+
+class Monitor:
+    """Sinks, records, detectors and their actions, status and console of the run in ``run_dir`` (see the module docstring).
+
+    ``resumed`` is the state of the checkpoint a resumed run starts from (its ``step`` and ``monitor`` entries);
+    None is a fresh start, which clears what an earlier run without a checkpoint left in ``run_dir``.
+    """
+
+    def __init__(self, run_dir: Path, cfg: Config, tokenizer, resumed: dict[str, Any] | None = None) -> None:
         self.run_dir = Path(run_dir)
+        if (pid := live_owner(self.run_dir)) is not None:
+            raise FileExistsError(f"{self.run_dir} is being trained by process {pid} on this machine; wait for it, stop it "
+                                  "(kill -TERM checkpoints it), or choose another log.name")
         self.cfg = cfg
         self.tokenizer = tokenizer  # trajectory records show each response token as the tokenizer's piece
-        self.logger = MetricLogger(_sinks(self.run_dir, cfg))
+        self.resumed_at: int | None = resumed["step"] if resumed else None
+        self.step = self.resumed_at or 0
+        cut_logs(self.run_dir, self.resumed_at)
+        self.logger = MetricLogger(_sinks(self.run_dir, cfg, purge_step=self.step + 1 if resumed else None))
         self.detectors = self._new_detectors()
-        self.progress = Progress(cfg.log.progress, cfg.train.steps, start)
         self.rollbacks = 0
         self.alerted = False  # an alert fired since the last rollback: later checkpoints are no rollback targets
         self.rollback_target: Path | None = None
+        self.last_checkpoint: Path | None = None
         self._alerts: list[Alert] = []  # the last step's
+        self._stop_reason = ""
+        evals = [r for r in read_jsonl(self.run_dir / "metrics.jsonl") if "eval/success_rate" in r]
+        self.first_eval, self.last_eval = (evals[0], evals[-1]) if evals else (None, None)
+        if resumed and "monitor" in resumed:
+            self.load_state_dict(resumed["monitor"])
+        self.signals = StopSignals()
+        self.progress = Progress(cfg.log.progress, cfg.train.steps, self.step)
+        self._t0 = time.perf_counter()
+
+    # ------------------------------------------------------------------ the run's life
+
+    def __enter__(self) -> Monitor:
+        self.signals.__enter__()
+        write_status(self.run_dir, "running", self.step, self.cfg.train.steps)
+        return self
+
+    def start(self, facts: dict[str, str], eval_tasks: list[tuple[int, str | None]]) -> None:
+        """Say where the run is and what it is made of; a fresh run records its evaluation tasks."""
+        self.progress.write(header(self.run_dir, facts, self.resumed_at))
+        if self.resumed_at is None:
+            self._append_tasks(0, "eval", eval_tasks)
+
+    @property
+    def evaluated_at_start(self) -> bool:
+        """Whether the logs already hold the step-0 evaluation (a resumed run does not repeat it)."""
+        return self.first_eval is not None and self.first_eval["step"] == 0
 
     @property
     def may_roll_back(self) -> bool:
@@ -47,14 +96,41 @@ class Monitor:
         m = self.cfg.monitor
         return "rollback" in (m.on_alert, *m.actions.values())
 
+    @property
+    def stop_requested(self) -> bool:
+        """A SIGTERM / SIGINT asked the run to stop (the loop checkpoints and stops after the step in flight)."""
+        return self.signals.requested is not None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        """Write how the run ended (``status.json``), the report (unless aborted) and the summary."""
+        self.signals.__exit__(kind, exc, tb)
+        self.progress.close()
+        state, message = self._ending(kind, exc)
+        write_status(self.run_dir, state, self.step, self.cfg.train.steps, message)
+        lines = [f"{state}: {message}"] if message else [state]
+        lines.append(held_out_line(self.first_eval, self.last_eval))
+        lines.append(f"wall time {duration(time.perf_counter() - self._t0)}")
+        if self.cfg.log.report and state != "aborted":
+            lines.append(self._write_report())
+        self.progress.write("\n".join(lines))
+        self.logger.close()
+
+    # ------------------------------------------------------------------ every step
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.logger.log(step, metrics)
+        self._remember_eval(step, metrics)
+
+    def record_tasks(self, step: int, tasks: list[tuple[int, str | None]]) -> None:
+        """Append the step's training tasks (seed, task key) to ``task_keys.jsonl``."""
+        self._append_tasks(step, "train", tasks)
 
     def after_step(self, step: int, metrics: dict[str, float], groups: list[TrajectoryGroup], advantages: Advantages,
                    samples: list[TrainSample]) -> Action:
         """Log the step's metrics, record its trajectories, run the detectors; returns what the loop must do."""
+        self.step = step
         metrics["monitor/rollbacks"] = float(self.rollbacks)
-        self.logger.log(step, metrics)
+        self.log(step, metrics)
         write_trajectories(self.run_dir, step, groups, advantages, self.tokenizer, self.cfg.log.sample_trajectories,
                            samples, self.cfg.algo)
         alerts = self._alerts = [a for d in self.detectors if (a := d.update(step, metrics))]
@@ -65,6 +141,10 @@ class Monitor:
         if action == "rollback" and (self.rollback_target is None or not self.rollback_target.exists()):
             self.progress.write("no checkpoint from before the alert is left to roll back to (raise log.keep_checkpoints); stopping")
             action = "stop"
+        if action == "stop":
+            self._stop_reason = f"alert {', '.join(a.name for a in alerts)} at step {step}"
+        if self.stop_requested:
+            action, self._stop_reason = "stop", f"{self.signals.requested} after step {step}"
         if action != "rollback":
             self.alerted = self.alerted or bool(alerts)
             self.progress.update(metrics)
@@ -83,21 +163,35 @@ class Monitor:
 
     def saved(self, checkpoint: Path | None) -> None:
         """A checkpoint was written: it is the rollback target while no alert has fired."""
+        self.last_checkpoint = checkpoint
         if not self.alerted:
             self.rollback_target = checkpoint
 
-    def close(self) -> None:
-        """Close the bar and the sinks; write ``report.html`` when ``log.report`` (a failure there is only reported)."""
-        self.progress.close()
-        if self.cfg.log.report:
-            from turnrl.monitor.report import write_report
+    def diverged(self, step: int, metrics: dict[str, float], what: str) -> TrainingDiverged:
+        """The step-``step`` update broke the model (``what``: a non-finite gradient or weights): log it, alert, and
+        return the error that stops the run (no checkpoint is written after it)."""
+        self.step = step
+        self.log(step, metrics)
+        kept = f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint was written"
+        message = f"step {step} produced {what}; the run stopped and {kept}. Lower train.lr (or use model.dtype=float32)"
+        self._append_alert({"step": step, "name": "non_finite_update", "message": message, "evidence": {"what": what}})
+        return TrainingDiverged(message)
 
-            try:
-                write_report(self.run_dir)
-            except Exception as e:  # noqa: BLE001 - the checkpoint and metrics are already on disk
-                self.progress.write(f"could not write {self.run_dir / 'report.html'} ({type(e).__name__}: {e}); "
-                                    f"try `turnrl report {self.run_dir}`")
-        self.logger.close()
+    # ------------------------------------------------------------------ checkpointed state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Detector windows, rollback counter and target: what a resumed run needs to act as this one would."""
+        return {"rollbacks": self.rollbacks, "alerted": self.alerted,
+                "rollback_target": self.rollback_target.name if self.rollback_target else None,
+                "detectors": {d.name: d.state_dict() for d in self.detectors}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rollbacks, self.alerted = state["rollbacks"], state["alerted"]
+        target = state["rollback_target"]
+        self.rollback_target = self.run_dir / "checkpoints" / target if target else None
+        for d in self.detectors:
+            if d.name in state["detectors"]:
+                d.load_state_dict(state["detectors"][d.name])
 
     # ------------------------------------------------------------------ internals
 
@@ -114,49 +208,49 @@ class Monitor:
             return "rollback" if self.rollbacks < m.max_rollbacks else "stop"
         return "go"
 
+    def _remember_eval(self, step: int, metrics: dict[str, float]) -> None:
+        if "eval/success_rate" in metrics:
+            row = {"step": step, **{k: v for k, v in metrics.items() if k.startswith("eval/")}}
+            self.first_eval = self.first_eval or row
+            self.last_eval = row
+
+    def _ending(self, kind: type[BaseException] | None, exc: BaseException | None) -> tuple[str, str]:
+        """``status.json``'s state and message for how the run is leaving."""
+        resume = f"resume with `turnrl train --resume {self.run_dir}`"
+        if kind is not None and issubclass(kind, KeyboardInterrupt):
+            return "aborted", f"at step {self.step}; the last checkpoint is intact, {resume}"
+        if kind is not None:
+            return "failed", f"{exc}" if isinstance(exc, TrainingDiverged) else f"{kind.__name__}: {exc}"
+        if self.step >= self.cfg.train.steps:
+            return "finished", f"{self.step} step{'s' if self.step != 1 else ''}"
+        reason = self._stop_reason or (f"{self.signals.requested} before step {self.step + 1}" if self.stop_requested
+                                       else f"train.max_minutes at step {self.step}")
+        return "stopped", f"{reason}; {resume}"
+
+    def _write_report(self) -> str:
+        from turnrl.monitor.report import write_report
+
+        try:
+            return f"report: {write_report(self.run_dir)}"
+        except Exception as e:  # noqa: BLE001 - the checkpoint and metrics are already on disk
+            return f"could not write {self.run_dir / 'report.html'} ({type(e).__name__}: {e}); try `turnrl report {self.run_dir}`"
+
+    def _append_tasks(self, step: int, split: str, tasks: list[tuple[int, str | None]]) -> None:
+        row = {"step": step, "split": split, "tasks": [{"seed": seed, "key": key} for seed, key in tasks]}
+        append_jsonl(self.run_dir / "task_keys.jsonl", [row])
+
     def _append_alert(self, row: dict) -> None:
-        with (self.run_dir / "alerts.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_jsonl(self.run_dir / "alerts.jsonl", [row])
 
 
-def _sinks(run_dir: Path, cfg: Config) -> list:
+def _sinks(run_dir: Path, cfg: Config, purge_step: int | None) -> list:
+    """The configured sinks; ``purge_step``: TensorBoard hides the events of later steps a resumed run writes again."""
     log = cfg.log
     sinks: list = [JsonlSink(run_dir / "metrics.jsonl")]
     if log.tensorboard:
-        sinks.append(TensorBoardSink(run_dir / "tb"))
+        sinks.append(TensorBoardSink(run_dir / "tb", purge_step))
     if log.wandb:
         sinks.append(WandbSink(run_dir, log.wandb_project, cfg.model_dump(mode="json")))
     if log.mlflow:
         sinks.append(MlflowSink(run_dir, log.mlflow_tracking_uri, log.mlflow_experiment, cfg.model_dump(mode="json")))
     return sinks
-
-
-class Progress:
-    """A tqdm bar showing step, success rate, reward and the held-out score (messages go to stderr when off)."""
-
-    def __init__(self, enabled: bool, total: int, start: int) -> None:
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True)
-
-    def update(self, m: dict[str, float]) -> None:
-        if self.bar is None:
-            return
-        post = {"succ": f"{m.get('rollout/success_rate', 0):.2f}", "rew": f"{m.get('rollout/reward', 0):.2f}",
-                "valid": f"{m.get('rollout/valid_action_rate', 0):.2f}"}
-        if "eval/success_rate" in m:
-            post["eval"] = f"{m['eval/success_rate']:.2f}"
-        self.bar.set_postfix(post)
-        self.bar.update(1)
-
-    def write(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.write(text)
-        else:
-            print(text, file=sys.stderr)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

@@ -80,6 +80,7 @@ def write_trajectories(run_dir: Path, step: int, groups: list[TrajectoryGroup], 
             "seed": traj.seed,
             "success": traj.success,
             "termination": traj.termination.value,
+            "error": traj.error,
             "reward": traj.total_reward,
             "turns": turns,
         })

@@ -174,6 +174,10 @@ def load_report_data(run_dir: Path, max_trajectories: int = 200, max_text_chars:
         for k, v in row.items():
             if k != "step":
                 data.metrics.setdefault(k, []).append([step, _finite(v)])
+    distinct = [v for _, v in data.metrics.get("eval/distinct_tasks", []) if v is not None]
+    if distinct:
+        data.notes.append(f"held-out success is measured on {int(distinct[-1])} distinct tasks (told apart by task key), "
+                          "none of which the run trained on")
     data.alerts = [{"step": a.get("step"), "name": str(a.get("name", "")), "message": str(a.get("message", "")),
                     "evidence": a.get("evidence", {})} for a in _read_jsonl(run_dir / "alerts.jsonl")]
     if (run_dir / "config.yaml").exists():

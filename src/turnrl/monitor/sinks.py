@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from turnrl.monitor.files import read_jsonl
+
 
 class JsonlSink:
     """Appends one JSON object per step to ``metrics.jsonl`` (flushed at once, so a crash loses nothing)."""
@@ -28,10 +30,12 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    def __init__(self, log_dir: Path) -> None:
+    """Scalars under ``log_dir``; ``purge_step`` hides events from that step on (a resumed run writes them again)."""
+
+    def __init__(self, log_dir: Path, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
@@ -152,7 +156,5 @@ class MetricLogger:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The rows of ``metrics.jsonl`` (a torn last line, as a crash or a reader racing the writer sees, is left out)."""
+    return read_jsonl(path)

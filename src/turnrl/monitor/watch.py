@@ -1,14 +1,23 @@
-"""`turnrl watch RUN`: a live terminal view of a run directory (works while training writes to it)."""
+"""`turnrl watch RUN`: a live terminal view of a run directory (works while training writes to it).
+
+It waits while the run has logged nothing yet (the evaluation before step 1 comes first), counts the steps the
+run has logged, and stops once the run has ended (``RUN/status.json``; a run whose process is gone from this
+machine counts as ended). On a terminal it redraws in place; piped, it prints each changed view as plain text.
+"""
 
 from __future__ import annotations
 
-import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
+from turnrl.monitor.files import read_jsonl, run_ended
 from turnrl.monitor.sinks import read_metrics
 
+_CLEAR = "\x1b[2J\x1b[H"  # clear the screen, cursor home
 _COLUMNS = [
     ("step", "step", "{:>5.0f}"),
     ("succ", "rollout/success_rate", "{:>5.2f}"),
@@ -23,42 +32,71 @@ _COLUMNS = [
 
 
 def render(run_dir: Path, last: int = 12) -> str:
-    """The view as text: the last ``last`` steps, the evaluation history, and any alerts."""
+    """The view as text: progress, the last ``last`` steps, the evaluation history, any alerts, and how the run ended."""
     run_dir = Path(run_dir)
-    if not (run_dir / "metrics.jsonl").exists():
-        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl yet (is it a run directory? has training started?)")
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a run directory; pass the directory `turnrl train` printed")
     rows = read_metrics(run_dir / "metrics.jsonl")
-    lines = [f"run {run_dir}  ({len(rows) - 1 if rows else 0} steps logged)", ""]
-    lines.append("  ".join(f"{name:>{len(fmt.format(0))}}" for name, _, fmt in _COLUMNS))
-    for r in rows[-last:]:
-        cells = []
-        for _, key, fmt in _COLUMNS:
-            if key is None:
-                value = r.get("perf/rollout_s", 0.0) + r.get("perf/train_s", 0.0) if "perf/train_s" in r else None
-            else:
-                value = r.get(key)
-            width = len(fmt.format(0))
-            cells.append(fmt.format(value) if isinstance(value, (int, float)) else f"{'-':>{width}}")
-        lines.append("  ".join(cells))
-    evals = [(r["step"], r["eval/success_rate"], r.get("eval/success_ci_low"), r.get("eval/success_ci_high"))
-             for r in rows if "eval/success_rate" in r]
+    done = max((r["step"] for r in rows if isinstance(r.get("step"), int)), default=0)
+    total = _total_steps(run_dir)
+    lines = [f"run {run_dir}  step {done}" + (f" of {total}" if total is not None else ""), ""]
+    if not rows:
+        lines.append("nothing logged yet: the run is starting (the evaluation before step 1 comes first)")
+    else:
+        lines.append("  ".join(f"{name:>{len(fmt.format(0))}}" for name, _, fmt in _COLUMNS))
+        lines += [_row(r) for r in rows[-last:]]
+    evals = [(r["step"], r["eval/success_rate"]) for r in rows if isinstance(r.get("eval/success_rate"), (int, float))]
     if evals:
-        lines += ["", "held-out success: " + ", ".join(f"step {s}: {v:.2f}" for s, v, _, _ in evals)]
-    alerts_path = run_dir / "alerts.jsonl"
-    if alerts_path.exists():
-        alerts = [json.loads(x) for x in alerts_path.read_text().splitlines() if x.strip()]
-        lines += ["", f"ALERTS ({len(alerts)}):"] + [f"  step {a['step']} [{a['name']}] {a['message']}" for a in alerts[-5:]]
+        lines += ["", "held-out success: " + ", ".join(f"step {s}: {v:.2f}" for s, v in evals)]
+    alerts = read_jsonl(run_dir / "alerts.jsonl")
+    if alerts:
+        lines += ["", f"ALERTS ({len(alerts)}):"] + [f"  step {a.get('step')} [{a.get('name')}] {a.get('message')}" for a in alerts[-5:]]
+    ended = run_ended(run_dir)
+    if ended:
+        lines += ["", f"run {ended}"]
     return "\n".join(lines)
 
 
-def watch(run_dir: Path, once: bool = False, interval: float = 2.0, out: Callable[[str], None] = print) -> None:
-    """Print the view; unless ``once``, redraw it every ``interval`` seconds until interrupted."""
+def _row(r: dict) -> str:
+    cells = []
+    for _, key, fmt in _COLUMNS:
+        if key is None:
+            value = r.get("perf/rollout_s", 0.0) + r.get("perf/train_s", 0.0) if "perf/train_s" in r else None
+        else:
+            value = r.get(key)
+        width = len(fmt.format(0))
+        cells.append(fmt.format(value) if isinstance(value, (int, float)) else f"{'-':>{width}}")
+    return "  ".join(cells)
+
+
+def _total_steps(run_dir: Path) -> int | None:
+    """``train.steps`` from the run's ``config.yaml`` (None when it cannot be read)."""
+    try:
+        steps = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["steps"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return steps if isinstance(steps, int) else None
+
+
+def watch(run_dir: Path, once: bool = False, interval: float = 2.0, out: Callable[[str], None] = print,
+          terminal: bool | None = None) -> None:
+    """Print the view; unless ``once``, print it again whenever it changes, until the run ends or Ctrl-C.
+
+    ``terminal`` (default: whether stdout is one) redraws in place; otherwise each view is printed plainly, once.
+    """
+    terminal = sys.stdout.isatty() if terminal is None else terminal
+    shown = None
     while True:
+        ended = run_ended(run_dir) is not None
         text = render(run_dir)
         if once:
             out(text)
             return
-        out("\x1b[2J\x1b[H" + text)  # clear the screen, cursor home
+        if text != shown:
+            out(_CLEAR + text if terminal else text + "\n")
+            shown = text
+        if ended:
+            return
         try:
             time.sleep(interval)
         except KeyboardInterrupt:
