@@ -1,6 +1,6 @@
 """The layout holds (docs/concepts.md): folders follow the data flow and no module imports a layer above it.
 
-Layers, lowest first: envs < agent < engines < rollout < credit < learner < monitor < build < train < cli.
+Layers, lowest first: envs < agent < engines < rollout < credit < learner < monitor < scale < build < train < sft < cli.
 ``types``, ``config``, ``checkpoint`` and ``models`` (model loading and the shared-prefix forward) are shared by all.
 Every import counts, including those inside functions.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "turnrl"
-LAYERS = ["envs", "agent", "engines", "rollout", "credit", "learner", "monitor", "build", "train", "cli"]
+LAYERS = ["envs", "agent", "engines", "rollout", "credit", "learner", "monitor", "scale", "build", "train", "sft", "cli"]
 SHARED = {"types", "config", "checkpoint", "models"}
 # Shared modules that reach up on purpose, each with its reason.
 ALLOWED_UP = {
