@@ -34,33 +34,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import matmul_peak, read_bandwidth  # noqa: E402 - bench/ is not a package
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def matmul_peak() -> float:
-    """Best bf16 GFLOP/s over a few large matmuls (warm)."""
-    best = 0.0
-    for m, k, n in ((2048, 2048, 2048), (1024, 576, 3072), (4096, 1024, 1024)):
-        a, b = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16)
-        for _ in range(5):
-            torch.nn.functional.linear(a, b)
-        reps = 20
-        t = time.perf_counter()
-        for _ in range(reps):
-            torch.nn.functional.linear(a, b)
-        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - t) / 1e9)
-    return best
-
-
-def read_bandwidth() -> float:
-    """Best GB/s reading a 256 MB tensor (a reduction that touches every byte once), warm."""
-    a = torch.ones(64 * 2**20)
-    best = 0.0
-    for _ in range(5):
-        t = time.perf_counter()
-        a.sum()
-        best = max(best, a.numel() * 4 / (time.perf_counter() - t) / 1e9)
-    return best
 
 
 @dataclass

@@ -1,0 +1,97 @@
+"""Machine facts for every benchmark result: CPU model, cores, measured bf16 matmul peak and memory read bandwidth,
+and the result-file header (command, date, commit, cpu) that ``bench/results/NAME.json`` files carry.
+
+Machines of this kind differ (one measured 3,259 GFLOP/s bf16, another 432): compare numbers only within one run,
+and keep these facts beside every number.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what the platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def matmul_peak() -> float:
+    """Best bf16 GFLOP/s over a few large matmuls (warm)."""
+    best = 0.0
+    for m, k, n in ((2048, 2048, 2048), (1024, 576, 3072), (4096, 1024, 1024)):
+        a, b = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16)
+        for _ in range(5):
+            torch.nn.functional.linear(a, b)
+        reps = 20
+        t = time.perf_counter()
+        for _ in range(reps):
+            torch.nn.functional.linear(a, b)
+        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def read_bandwidth() -> float:
+    """Best GB/s reading a 256 MB tensor (a reduction that touches every byte once), warm."""
+    a = torch.ones(64 * 2**20)
+    best = 0.0
+    for _ in range(5):
+        t = time.perf_counter()
+        a.sum()
+        best = max(best, a.numel() * 4 / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def facts(measure: bool = True) -> dict[str, Any]:
+    """``{"cpu", "cores", "threads", "peak_gflops_bf16", "bandwidth_gbs", "torch"}``; the two measurements take ~2 s."""
+    out: dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+                           "torch": torch.__version__}
+    if measure:
+        out |= {"peak_gflops_bf16": round(matmul_peak(), 1), "bandwidth_gbs": round(read_bandwidth(), 2)}
+    return out
+
+
+def commit() -> str:
+    """The checked-out commit, with ``+dirty`` when the tree has uncommitted changes."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def header(measure: bool = True) -> dict[str, Any]:
+    """What every result file starts with: the command that produced it, date, commit and the machine facts."""
+    return {"command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
+            "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "commit": commit(), **facts(measure)}
+
+
+def write_result(name: str, fields: dict[str, Any], measure: bool = True) -> Path:
+    """Write ``bench/results/NAME.json``: the header, then ``fields``; returns the path."""
+    path = ROOT / "bench" / "results" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**header(measure), **fields}, indent=2) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    print(json.dumps(facts(), indent=2))
