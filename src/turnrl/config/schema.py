@@ -6,30 +6,27 @@ from __future__ import annotations
 import difflib
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from turnrl.config.names import _value_hint
+from turnrl.config.section import Section
 
 
 class ConfigError(ValueError):
     """A config file or override is invalid. The message names the key and the fix."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # every float is finite
-
-
 _Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
     path: str = Field("default", description="'default' (embedded SmolLM2-135M-Instruct) or a local HF model directory")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the master weights")
     autocast_bf16: bool = Field(True, description="run forward passes (generation and training) under bf16 autocast on CPU")
     reference: bool = Field(False, description="keep a frozen reference copy for KL (needed when algo.kl_coef > 0)")
 
 
-class EnvConfig(_Section):
+class EnvConfig(Section):
     id: str = Field("frozenlake-v0", description="registered env id, see `turnrl envs`")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the env constructor / wrappers")
     max_turns: int = Field(8, ge=1, description="turn limit per episode (truncation)")
@@ -42,7 +39,7 @@ class EnvConfig(_Section):
     )
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     engine: Literal["auto", "hf", "native", "vllm"] = Field(
         "auto",
         description="'auto': native for the models it runs, hf for the rest; 'hf': the reference engine (any HF "
@@ -67,7 +64,7 @@ class RolloutConfig(_Section):
     top_k: int = Field(0, ge=0, description="top-k sampling (0 = off)")
 
 
-class AlgoConfig(_Section):
+class AlgoConfig(Section):
     estimator: str = Field("grpo_turn", description="advantage estimator, see `turnrl.credit.available_estimators()`")
     norm_std: bool = Field(True, description="GRPO: divide by the group std (False = Dr.GRPO)")
     gamma: float = Field(0.5, ge=0.0, le=1.0, description="turn discount for estimators that use per-turn returns")
@@ -134,7 +131,7 @@ class AlgoConfig(_Section):
     )
 
 
-class TrainConfig(_Section):
+class TrainConfig(Section):
     steps: int = Field(40, ge=0, description="training steps (collect -> advantages -> update)")
     lr: float = Field(2e-5, gt=0.0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay (0 = none)")
@@ -150,7 +147,7 @@ class TrainConfig(_Section):
     threads: int = Field(0, ge=0, description="torch threads (0 = all cores)")
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     every: int = Field(5, ge=0, description="evaluate every N steps (0 = only at start and end)")
     num_tasks: int = Field(64, ge=1, description="held-out tasks per evaluation")
     seed_start: int = Field(1_000_000, ge=0, description="first eval seed; must not overlap training seeds (training "
@@ -161,7 +158,7 @@ class EvalConfig(_Section):
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="constructor keywords for eval.env_id (default: env.kwargs)")
 
 
-class LogConfig(_Section):
+class LogConfig(Section):
     run_dir: str = Field("runs", description="parent directory of run directories")
     name: str = Field("", description="run name (default: env-estimator-timestamp)")
     tensorboard: bool = Field(True, description="also write TensorBoard events under RUN/tb/")
@@ -182,7 +179,7 @@ class LogConfig(_Section):
     mlflow_experiment: str = Field("turnrl", description="MLflow experiment name")
 
 
-class MonitorConfig(_Section):
+class MonitorConfig(Section):
     detectors: bool = Field(True, description="run the pathology detectors (collapse, KL blow-up, reward hacking, ...)")
     on_alert: Literal["warn", "stop", "rollback"] = Field(
         "warn",
@@ -207,7 +204,7 @@ class MonitorConfig(_Section):
         return self
 
 
-class Config(_Section):
+class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
