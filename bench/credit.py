@@ -83,7 +83,7 @@ def run_one(env: str, est: str, seed: int, args) -> list[dict]:
     from turnrl.config import load_config
     from turnrl.monitor.sinks import read_metrics
     from turnrl.build import build
-    from turnrl.train import train
+    from turnrl.loop import train
 
     config, env_over = ENVS[env]
     overrides = [

@@ -33,7 +33,7 @@ def main() -> int:
     from turnrl.config import load_config
     from turnrl.monitor.sinks import read_metrics
     from turnrl.build import build
-    from turnrl.train import train
+    from turnrl.loop import train
 
     t_start = time.perf_counter()
     overrides = [f"train.max_minutes={args.minutes}", "log.progress=false", "log.checkpoint_every=0", "log.checkpoint_at_end=false", *args.overrides]

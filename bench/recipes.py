@@ -36,7 +36,7 @@ def run_env(env: str, args) -> dict:
     from turnrl.config import load_config
     from turnrl.monitor.sinks import read_metrics
     from turnrl.build import build
-    from turnrl.train import train
+    from turnrl.loop import train
 
     overrides = [
         f"train.steps={args.steps}", f"rollout.tasks_per_step={args.tasks}", f"rollout.group_size={args.group}",

@@ -157,7 +157,7 @@ def run_turnrl(args, engine: str, task: Task, eval_seeds: list[int], out_dir: Pa
     from turnrl.config import load_config
     from turnrl.monitor.sinks import read_metrics
     from turnrl.build import build
-    from turnrl.train import train
+    from turnrl.loop import train
 
     overrides = [
         f"env.max_turns={ENV_KWARGS['max_turns']}", f"env.progress_reward={ENV_KWARGS['progress_reward']}",

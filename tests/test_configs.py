@@ -15,7 +15,7 @@ from turnrl.config import load_config
 from turnrl.engines.native import NativeEngine
 from turnrl.models import tiny_model
 from turnrl.monitor.sinks import read_metrics
-from turnrl.train import train
+from turnrl.loop import train
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 

@@ -6,7 +6,7 @@ from turnrl.config import load_config
 from turnrl.envs import check_env, make
 from turnrl.monitor.sinks import read_metrics
 from turnrl.build import build
-from turnrl.train import train
+from turnrl.loop import train
 
 
 def test_hackable_env_keeps_the_contract_and_its_flaw_pays_without_solving():

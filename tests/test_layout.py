@@ -1,6 +1,6 @@
 """The layout holds (docs/concepts.md): folders follow the data flow and no module imports a layer above it.
 
-Layers, lowest first: envs < agent < engines < rollout < credit < learner < monitor < scale < build < train < sft < cli.
+Layers, lowest first: envs < agent < engines < rollout < credit < learner < monitor < scale < build < loop < sft < cli.
 ``types``, ``config``, ``checkpoint`` and ``models`` (model loading and the shared-prefix forward) are shared by all.
 Every import counts, including those inside functions.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "turnrl"
-LAYERS = ["envs", "agent", "engines", "rollout", "credit", "learner", "monitor", "scale", "build", "train", "sft", "cli"]
+LAYERS = ["envs", "agent", "engines", "rollout", "credit", "learner", "monitor", "scale", "build", "loop", "sft", "cli"]
 SHARED = {"types", "config", "checkpoint", "models"}
 # Shared modules that reach up on purpose, each with its reason.
 ALLOWED_UP = {
@@ -23,7 +23,7 @@ ALLOWED_UP = {
 
 
 def _part(module: str) -> str:
-    """``turnrl.engines.native.engine`` -> ``engines``; ``turnrl.train`` -> ``train``."""
+    """``turnrl.engines.native.engine`` -> ``engines``; ``turnrl.loop`` -> ``loop``."""
     return module.split(".")[1] if module.count(".") else module
 
 
@@ -86,13 +86,13 @@ def test_no_module_imports_a_layer_above_it():
 def test_core_never_imports_train_cli_or_monitor(low):
     for module, path in _modules().items():
         if _part(module) == low:
-            hits = {t for t in _imports(path, module) if _part(t) in ("train", "cli", "monitor")}
+            hits = {t for t in _imports(path, module) if _part(t) in ("loop", "cli", "monitor")}
             assert not hits, f"{module} imports {hits}"
 
 
 def test_sizes_stay_readable():
     lines = {m: len(p.read_text().splitlines()) for m, p in _modules().items()}
-    assert lines["turnrl.train"] <= 350, lines["turnrl.train"]
+    assert lines["turnrl.loop"] <= 350, lines["turnrl.loop"]
     too_long = {m: n for m, n in lines.items() if n > 600}
     assert not too_long, too_long
 

@@ -22,7 +22,7 @@ from turnrl.config import load_config
 from turnrl.envs import Env, register, registered
 from turnrl.monitor.report import display_token, load_report_data, write_report
 from turnrl.build import build
-from turnrl.train import train
+from turnrl.loop import train
 
 HOSTILE = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
 

@@ -18,7 +18,7 @@ from turnrl.config import load_config
 from turnrl.envs import register, registered
 from turnrl.monitor.detectors import Alert, Detector
 from turnrl.monitor.files import read_jsonl, read_status
-from turnrl.train import train
+from turnrl.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 

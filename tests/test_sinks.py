@@ -127,7 +127,7 @@ def test_training_with_both_trackers_on_logs_every_step_to_each(tmp_path, tokeni
     from tests.test_train import TINY
     from turnrl.models import tiny_model
     from turnrl.build import build
-    from turnrl.train import train
+    from turnrl.loop import train
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

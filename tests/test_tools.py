@@ -267,7 +267,7 @@ def test_the_countdown_config_trains_two_steps_with_a_tiny_model(tmp_path, token
     from turnrl.models import tiny_model
     from turnrl.monitor.sinks import read_metrics
     from turnrl.build import build
-    from turnrl.train import train
+    from turnrl.loop import train
 
     path = Path(__file__).resolve().parents[1] / "configs" / "countdown.yaml"
     overrides = ["train.steps=2", "rollout.tasks_per_step=1", "rollout.group_size=2", "rollout.max_new_tokens=4",

@@ -10,7 +10,7 @@ from turnrl.config import load_config
 from turnrl.envs import Env, register, registered
 from turnrl.monitor.sinks import read_metrics
 from turnrl.build import build
-from turnrl.train import train
+from turnrl.loop import train
 
 
 class Parity(Env):
@@ -170,7 +170,7 @@ def test_an_alert_can_stop_the_run_with_a_checkpoint(tmp_path, tokenizer, monkey
 
 def test_rollback_restores_the_last_checkpoint_saved_before_the_alert(tmp_path, tokenizer, monkeypatch):
     """An alert at step 3 with on_alert=rollback: step 4 starts from the step-2 checkpoint's weights."""
-    import turnrl.train as T
+    import turnrl.loop as T
     from turnrl.monitor.detectors import Alert, Detector
 
     fired = []
@@ -215,7 +215,7 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path, toke
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "rollout/train_groups" in r]
     assert rows and all(r["rollout/train_groups"] <= 2 <= r["rollout/collected_groups"] for r in rows)
     from turnrl.build import sampling_params
-    from turnrl.train import collect_step
+    from turnrl.loop import collect_step
 
     train_groups, collected, tasks, stats = collect_step(c, 5, sampling_params(c.cfg))
     assert stats.generated_tokens > 0
@@ -415,7 +415,7 @@ def _response_tokens(groups):
 
 def test_rollout_counters_cover_every_dynamic_sampling_round(tmp_path, tokenizer):
     from turnrl.build import sampling_params
-    from turnrl.train import collect_step
+    from turnrl.loop import collect_step
 
     cfg = load_config(None, TINY + [f"log.run_dir={tmp_path}", "algo.dynamic_sampling_rounds=3", "rollout.group_size=2"])
     from turnrl.models import tiny_model

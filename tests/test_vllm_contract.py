@@ -383,7 +383,7 @@ def test_training_with_rollout_engine_vllm_syncs_the_learner_each_step(fake_vllm
     update the learner's tensors reach it by name and the version advances with the steps."""
     from turnrl.config import load_config
     from turnrl.build import build
-    from turnrl.train import train
+    from turnrl.loop import train
 
     model.save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")

@@ -94,7 +94,7 @@ def cmd_help_config(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from turnrl.train import train
+    from turnrl.loop import train
 
     _quiet_transformers()
     if args.resume:
@@ -117,7 +117,7 @@ def _resume(args) -> int:
     from turnrl.build import build
     from turnrl.checkpoint import latest_checkpoint
     from turnrl.config import record_changes, resume_config
-    from turnrl.train import train
+    from turnrl.loop import train
 
     run = _resume_dir(args)
     cfg, changes = resume_config(run, args.overrides, args.config)
@@ -150,7 +150,7 @@ def _checkpoint_model(path: Path) -> Path:
 
 def cmd_eval(args) -> int:
     from turnrl.build import build, build_for_eval
-    from turnrl.train import evaluate
+    from turnrl.loop import evaluate
 
     _quiet_transformers()
 
