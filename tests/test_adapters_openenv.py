@@ -112,6 +112,7 @@ def test_remote_env_passes_check_env_and_sessions_run_concurrently(server):
     assert asyncio.run(episode_pairs()) == expected
 
 
+@pytest.mark.probe("fault")
 def test_server_errors_reach_the_client(server):
     remote = OpenEnvRemote(server.url)
     try:
@@ -171,6 +172,7 @@ def test_wraps_a_plain_openenv_server_by_url():
             env.close()
 
 
+@pytest.mark.probe("fault")
 def test_configuration_errors_are_clear(capsys):
     with pytest.raises(UnknownEnvError, match="frozenlake-v0"):
         OpenEnvServer("frozenlak-v0")
@@ -237,6 +239,7 @@ def typed_server():
         yield running
 
 
+@pytest.mark.probe("bad_input")
 def test_text_a_typed_action_rejects_is_an_invalid_turn_with_the_servers_reasons(typed_server):
     env = make("openenv-v0", url=typed_server.url, action_field="guess", instructions="Guess.", max_turns=10)
     try:
@@ -293,6 +296,7 @@ def _observation(**data):
     (json.dumps(["observation"]), "not a JSON object"),
     ("not json", "not JSON"),
 ])
+@pytest.mark.probe("fault")
 def test_a_wrong_shape_reply_is_an_env_error_naming_what_is_wrong(reply, needle):
     from turnrl.envs.adapters.openenv import OpenEnvProtocolError
 

@@ -36,6 +36,7 @@ class _Payload:
         return os.system, (f"touch {self.marker}",)
 
 
+@pytest.mark.probe("bad_input")
 def test_a_malicious_state_pt_is_refused_and_runs_nothing(tmp_path, tiny_model, tokenizer):
     ckpt = _save(tmp_path, tiny_model, tokenizer)
     marker = tmp_path / "pwned"
@@ -47,6 +48,7 @@ def test_a_malicious_state_pt_is_refused_and_runs_nothing(tmp_path, tiny_model, 
     assert marker.exists()
 
 
+@pytest.mark.probe("bad_input")
 def test_missing_or_unexpected_tensors_are_an_error_naming_them(tmp_path, tiny_model, tokenizer):
     from safetensors.torch import load_file, save_file
 
@@ -77,6 +79,7 @@ def test_complete_weights_load_strictly_with_tied_embeddings(tmp_path, tiny_mode
     (lambda p: p.write_bytes(b"garbage" * 100), "not a torch checkpoint"),
     (lambda p: p.unlink(), "missing"),
 ])
+@pytest.mark.probe("bad_input")
 def test_a_damaged_state_pt_is_one_line_naming_it(tmp_path, tiny_model, tokenizer, damage, what):
     ckpt = _save(tmp_path, tiny_model, tokenizer)
     damage(ckpt / "state.pt")
@@ -85,6 +88,7 @@ def test_a_damaged_state_pt_is_one_line_naming_it(tmp_path, tiny_model, tokenize
     assert str(ckpt / "state.pt") in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.probe("bad_input")
 def test_truncated_weights_are_one_line_naming_them(tmp_path, tiny_model, tokenizer):
     ckpt = _save(tmp_path, tiny_model, tokenizer)
     path = ckpt / "model" / "model.safetensors"
@@ -94,6 +98,7 @@ def test_truncated_weights_are_one_line_naming_them(tmp_path, tiny_model, tokeni
     assert str(path) in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.probe("bad_input")
 def test_only_complete_checkpoints_count_and_a_bad_pointer_is_reported(tmp_path, tiny_model, tokenizer):
     _save(tmp_path, tiny_model, tokenizer, step=1)
     _save(tmp_path, tiny_model, tokenizer, step=2)
@@ -109,11 +114,13 @@ def test_only_complete_checkpoints_count_and_a_bad_pointer_is_reported(tmp_path,
     assert not (root / ".tmp_step_000003").exists()
 
 
+@pytest.mark.probe("fault")
 def test_a_kill_during_the_first_checkpoint_leaves_no_checkpoint(tmp_path):
     (tmp_path / "checkpoints" / ".tmp_step_000001" / "model").mkdir(parents=True)
     assert checkpoint.latest_checkpoint(tmp_path) is None and checkpoint.checkpoints(tmp_path) == []
 
 
+@pytest.mark.probe("fault")
 def test_non_finite_weights_are_never_checkpointed(tmp_path, tiny_model, tokenizer):
     with torch.no_grad():
         next(tiny_model.parameters())[0, 0] = float("nan")

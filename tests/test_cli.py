@@ -21,6 +21,7 @@ def test_envs_lists_builtins(capsys):
     assert "frozenlake-v0" in out and "sokoban-v0" in out
 
 
+@pytest.mark.probe("bad_input")
 def test_config_errors_exit_2_with_the_fix(capsys):
     assert main(["train", "train.lrr=1e-5"]) == 2
     assert "Did you mean 'train.lr'" in capsys.readouterr().err
@@ -48,6 +49,7 @@ def test_train_then_resume_then_eval(tmp_path, tiny_dir, capsys):
     assert m["eval/num_tasks"] == 2.0 and 0.0 <= m["eval/success_ci_low"] <= m["eval/success_rate"] <= m["eval/success_ci_high"]
 
 
+@pytest.mark.probe("bad_input")
 def test_bad_inputs_are_clear_errors_not_tracebacks(tmp_path, capsys):
     assert main(["eval", f"model.path={tmp_path / 'nope'}"]) == 2
     assert "never downloads" in capsys.readouterr().err
@@ -84,6 +86,7 @@ def test_watch_renders_a_run(tmp_path, capsys):
     assert main(["watch", str(tmp_path / "nothing"), "--once"]) == 2
 
 
+@pytest.mark.probe("bad_input")
 def test_bad_files_and_values_exit_2_writing_nothing(tmp_path, capsys):
     runs = tmp_path / "runs"
     binary = tmp_path / "weights.bin"
@@ -97,6 +100,15 @@ def test_bad_files_and_values_exit_2_writing_nothing(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1, (args, err)
         assert not runs.exists(), args  # no run directory was created
+
+
+@pytest.mark.probe("fault")
+def test_a_down_openenv_server_is_one_line_and_writes_nothing(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    assert main(["train", "env.id=openenv-v0", "env.kwargs.url=http://127.0.0.1:9", f"log.run_dir={runs}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "cannot reach the OpenEnv server" in err
+    assert "python -m turnrl.envs.adapters.openenv" in err and not runs.exists()
 
 
 def test_help_config_for_one_key_with_the_resolved_values(tmp_path, capsys):
@@ -116,6 +128,7 @@ def test_help_config_for_one_key_with_the_resolved_values(tmp_path, capsys):
     assert "Did you mean 'rollout.group_size'" in capsys.readouterr().err
 
 
+@pytest.mark.probe("fault")
 def test_eval_timeout_and_retries_reach_the_remote_engine(capsys):
     # port 9 (discard) refuses at once: the message reports the options it was given
     argv = ["eval", "--engine", "openai", "--base-url", "http://127.0.0.1:9/v1", "--api-model", "m",
@@ -197,12 +210,14 @@ def test_import_option_loads_user_estimators_before_the_config(user_dir, capsys)
 
 @pytest.mark.parametrize("name, needle", [("no_such_user_module", "No module named 'no_such_user_module'"),
                                           ("guessmod.py", "--import guessmod")])
+@pytest.mark.probe("bad_input")
 def test_import_option_errors_say_what_to_pass(user_dir, capsys, name, needle):
     assert main(["envs", "--import", name]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
 
 
+@pytest.mark.probe("fault")
 def test_a_run_a_signal_stopped_exits_as_the_shell_reports_that_signal(tmp_path):
     """`turnrl train` stopped by SIGTERM / Ctrl-C (checkpoint and report written) exits 143 / 130, not 0."""
     from turnrl.cli import _exit_code

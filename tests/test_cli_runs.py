@@ -53,6 +53,7 @@ def test_eval_uses_the_runs_config(tmp_path, tokenizer, tiny_model, capsys):
     assert "env.id = 'searchqa-v0'  (default 'frozenlake-v0')" in capsys.readouterr().out
 
 
+@pytest.mark.probe("bad_input")
 def test_resume_refuses_changes_that_the_checkpoint_cannot_take(run, tmp_path, capsys):
     before = (run / "config.yaml").read_text()
     other = tmp_path / "other.yaml"

@@ -29,12 +29,14 @@ def test_defaults_and_overrides():
         ("algo.estimator=grop", "Did you mean 'grpo'"),
     ],
 )
+@pytest.mark.probe("bad_input")
 def test_bad_overrides_name_the_key_and_the_fix(override, needle):
     with pytest.raises(ConfigError, match=None) as e:
         load_config(None, [override])
     assert needle in str(e.value)
 
 
+@pytest.mark.probe("bad_input")
 def test_unknown_key_in_yaml_file(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("train:\n  stepz: 3\n")
@@ -80,6 +82,7 @@ def test_help_lists_every_key():
         ("train.max_minutes=.inf", "train.max_minutes"),
     ],
 )
+@pytest.mark.probe("bad_input")
 def test_non_finite_floats_are_refused_naming_the_key(override, key):
     with pytest.raises(ConfigError) as e:
         load_config(None, [override])
@@ -91,11 +94,13 @@ def test_non_finite_floats_are_refused_naming_the_key(override, key):
     [("train.seed=-1", "train.seed"), ("train.seed=4294967296", "train.seed"), ("train.betas=[1.5, 0.9]", "train.betas"),
      ("train.betas=[0.9, -0.1]", "train.betas")],
 )
+@pytest.mark.probe("bad_input")
 def test_values_the_run_would_crash_on_are_refused(override, key):
     with pytest.raises(ConfigError, match=key):
         load_config(None, [override])
 
 
+@pytest.mark.probe("bad_input")
 def test_zero_steps_is_refused_with_the_command_that_evaluates():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["train.steps=0"])
@@ -113,6 +118,7 @@ def test_every_key_has_a_description():
 # --------------------------------------------------------------------------- bad files (issue 17.3)
 
 
+@pytest.mark.probe("bad_input")
 def test_unreadable_config_files_are_one_line_errors(tmp_path):
     binary = tmp_path / "model.bin"
     binary.write_bytes(bytes(range(256)) * 4)
@@ -127,6 +133,7 @@ def test_unreadable_config_files_are_one_line_errors(tmp_path):
     assert "not valid YAML" in str(e.value) and "line" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.probe("bad_input")
 def test_bad_prm_fails_at_load_time(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "prm_ok_mod.py").write_text("def score(trajectory, turn):\n    return 0.0\nnot_callable = 3\n")
@@ -155,6 +162,7 @@ def test_bad_prm_fails_at_load_time(tmp_path, monkeypatch):
         (["train.seed_start=0", "train.steps=10", "eval.seed_start=40", "algo.dynamic_sampling_rounds=2"], True),
     ],
 )
+@pytest.mark.probe("bad_input")
 def test_training_and_eval_seeds_never_overlap(overrides, overlap):
     if not overlap:
         load_config(None, overrides)
@@ -265,6 +273,7 @@ def test_resume_applies_allowed_changes_and_lists_them(run_dir):
     ["rollout.group_size=8", "algo.estimator=rloo", "model.path=/elsewhere", "train.betas=[0.9, 0.999]",
      "train.warmup_steps=3", "log.name=other", "env.id=sokoban-v0", "algo.clip_high=0.3"],
 )
+@pytest.mark.probe("bad_input")
 def test_resume_refuses_changes_to_what_the_checkpoint_means(run_dir, override):
     key = override.split("=")[0]
     with pytest.raises(ConfigError) as e:

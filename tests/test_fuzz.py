@@ -89,6 +89,7 @@ def test_a_step_that_hangs_is_reported_at_the_time_limit():
 
 
 @pytest.mark.parametrize("env_id", sorted(set(registered()) - {"openenv-v0"}))  # openenv: tests/test_adapters_openenv.py
+@pytest.mark.probe("bad_input")
 def test_every_registered_env_survives_a_longer_stream(env_id):
     """Ten cases of every kind from another stream than check_env's default (which test_envs.py runs)."""
     check_env(env_id, seeds=(0, 1), fuzz=10 * len(KINDS), fuzz_seed=1, random_tasks=env_id != "gym-cliffwalking-v0")

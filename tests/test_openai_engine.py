@@ -131,6 +131,7 @@ def test_stop_strings_and_stop_token_ids(tokenizer):
 
 
 @pytest.mark.parametrize("failures", [[503, 503], [429, 500]])
+@pytest.mark.probe("fault")
 def test_retryable_errors_back_off_then_succeed(tokenizer, failures):
     with StubOpenAIServer(tokenizer) as server:
         server.script.extend(failures)
@@ -146,6 +147,7 @@ def test_retryable_errors_back_off_then_succeed(tokenizer, failures):
         assert all(g >= s * 0.9 for g, s in zip(gaps, slept))
 
 
+@pytest.mark.probe("fault")
 def test_a_timed_out_request_is_retried_once_then_reported(tokenizer):
     with StubOpenAIServer(tokenizer) as server:
         engine = _engine(server, tokenizer, timeout=0.5, max_retries=3)
@@ -162,6 +164,7 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.probe("fault")
 def test_a_hanging_server_is_reported_within_two_timeouts_and_leaves_nothing_behind(tokenizer):
     """The kernel accepts the connections and takes the requests; nothing ever answers."""
     with socket.create_server(("127.0.0.1", 0), backlog=16) as listener:
@@ -178,6 +181,7 @@ def test_a_hanging_server_is_reported_within_two_timeouts_and_leaves_nothing_beh
         assert threading.active_count() <= threads and _open_fds() <= fds
 
 
+@pytest.mark.probe("fault")
 def test_a_trickling_server_hits_the_deadline_of_the_whole_response(tokenizer):
     """One byte per 0.2 s (status line and headers included) never trips a per-read timeout; the deadline ends it."""
     with StubOpenAIServer(tokenizer) as server:
@@ -270,6 +274,7 @@ WRONG_SHAPES = [
 
 
 @pytest.mark.parametrize("endpoint,edit,pattern", WRONG_SHAPES, ids=[f"{e}-{i}" for i, (e, _, _) in enumerate(WRONG_SHAPES)])
+@pytest.mark.probe("fault")
 def test_a_wrong_shape_reply_names_the_server_and_the_field(tokenizer, endpoint, edit, pattern):
     with StubOpenAIServer(tokenizer) as server:
         engine = _engine(server, tokenizer, endpoint=endpoint, require_logprobs=False)
@@ -313,6 +318,7 @@ def _corrupt(rng: random.Random, reply: dict) -> bytes:
 
 
 @pytest.mark.parametrize("endpoint,vllm_extensions", [("completions", True), ("completions", False), ("chat", True), ("chat", False)])
+@pytest.mark.probe("fault")
 def test_fuzzed_replies_raise_only_remote_engine_error(tokenizer, endpoint, vllm_extensions):
     rng = random.Random(f"{endpoint}-{vllm_extensions}")
     outcomes = {"ok": 0, "error": 0}
@@ -339,6 +345,7 @@ def test_fuzzed_replies_raise_only_remote_engine_error(tokenizer, endpoint, vllm
     assert outcomes["error"] >= 75, outcomes  # the corruptions bite
 
 
+@pytest.mark.probe("fault")
 def test_unreachable_server_is_retried_then_named(tokenizer):
     engine = OpenAICompatEngine("http://127.0.0.1:9", "m", tokenizer, max_retries=1, backoff=0.01, timeout=1.0)
     with pytest.raises(RemoteEngineError, match=r"failed after 2 attempts in \d+\.\d s \(last: ConnectionRefusedError.*"

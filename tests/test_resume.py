@@ -116,6 +116,7 @@ def _drop_tensors(ckpt):
 
 @pytest.mark.parametrize("damage, file", [(_damage_state, "state.pt"), (_damage_weights, "model.safetensors"),
                                           (_drop_tensors, "tensors missing")])
+@pytest.mark.probe("bad_input")
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, tokenizer, capfd, damage, file):
     overrides = ["log.checkpoint_every=1", "log.keep_checkpoints=2", "eval.every=0", "eval.at_start=false"]
     run = _train(tmp_path, tokenizer, "r", overrides + ["train.steps=2"])
@@ -131,6 +132,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, to
     assert "resumed" in err and "from the step-1 checkpoint" in err
 
 
+@pytest.mark.probe("bad_input")
 def test_a_run_whose_only_checkpoint_is_damaged_stops_with_one_line_and_keeps_it(tmp_path, tokenizer):
     from turnrl.checkpoint import CheckpointError
 
@@ -142,6 +144,7 @@ def test_a_run_whose_only_checkpoint_is_damaged_stops_with_one_line_and_keeps_it
     assert "\n" not in str(e.value) and (run / "checkpoints" / "step_000001").is_dir() and _steps(run) == [1]
 
 
+@pytest.mark.probe("fault")
 def test_a_kill_during_the_first_checkpoint_can_be_resumed_or_restarted(tmp_path, tokenizer):
     overrides = ["train.steps=2", "log.checkpoint_every=0", "log.checkpoint_at_end=false", "eval.every=0"]
     run = _train(tmp_path, tokenizer, "r", overrides)
@@ -192,6 +195,7 @@ def _wait_for_step(proc, run, step, timeout=240):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.probe("fault")
 def test_a_signal_finishes_the_step_checkpoints_writes_the_report_and_says_how_to_resume(tmp_path, tokenizer, sig):
     run = tmp_path / "sig"
     proc = _start(tmp_path, "sig")
@@ -207,6 +211,7 @@ def test_a_signal_finishes_the_step_checkpoints_writes_the_report_and_says_how_t
     assert _steps(run) == list(range(1, last + 1))
 
 
+@pytest.mark.probe("fault")
 def test_a_second_signal_aborts_at_once_leaving_the_last_checkpoint(tmp_path):
     run = tmp_path / "abort"
     proc = _start(tmp_path, "abort", delay=2.0)  # a step takes seconds: both signals land inside one
@@ -226,6 +231,7 @@ def test_a_second_signal_aborts_at_once_leaving_the_last_checkpoint(tmp_path):
     assert 1 <= load_state(latest_checkpoint(run))["step"] <= _steps(run)[-1]  # intact, maybe a step behind the logs
 
 
+@pytest.mark.probe("fault")
 def test_a_run_killed_with_sigkill_resumes_without_duplicate_rows(tmp_path, tokenizer, capsys):
     run = tmp_path / "killed"
     proc = _start(tmp_path, "killed")

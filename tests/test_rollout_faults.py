@@ -115,6 +115,7 @@ def _run(engine, tokenizer, faulty, timeout_s=0.0, ctx=ContextSpec()):
 
 @pytest.mark.parametrize("slow", ["reset", "step"])
 @pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.probe("fault")
 def test_a_slow_env_ends_only_its_episode_at_the_timeout(engine, tokenizer, release, slow, kind):
     faulty = SlowEnv(slow, release) if kind == "sync" else AsyncSlowEnv(slow)
     t0 = time.perf_counter()
@@ -127,6 +128,7 @@ def test_a_slow_env_ends_only_its_episode_at_the_timeout(engine, tokenizer, rele
         assert not bad.turns[-1].valid
 
 
+@pytest.mark.probe("fault")
 def test_an_env_raising_timeout_error_is_not_reported_as_slow(engine, tokenizer):
     class RaisesTimeout(CountEnv):
         def step(self, action_text):
@@ -142,6 +144,7 @@ def test_an_env_raising_timeout_error_is_not_reported_as_slow(engine, tokenizer)
     ("step_none", "step returned a NoneType observation; an observation is str", 2),
     ("step_shape", "step returned a tuple of 2, not (observation, reward, terminated, truncated, info)", 2),
 ])
+@pytest.mark.probe("fault")
 def test_a_broken_env_ends_only_its_episode(engine, tokenizer, fault, error, turns):
     bad, _ = _run(engine, tokenizer, FaultEnv(fault))
     assert bad.termination == Termination.ENV_ERROR
@@ -149,12 +152,14 @@ def test_a_broken_env_ends_only_its_episode(engine, tokenizer, fault, error, tur
     assert bad.num_turns == turns
 
 
+@pytest.mark.probe("fault")
 def test_close_raising_is_recorded_without_failing_the_episode(engine, tokenizer):
     bad, _ = _run(engine, tokenizer, FaultEnv("close"))
     assert bad.termination == Termination.TERMINATED and bad.num_turns == 3
     assert bad.error == "close failed: OSError: close exploded"
 
 
+@pytest.mark.probe("fault")
 def test_close_raising_after_an_env_error_keeps_both_messages(engine, tokenizer):
     class Both(FaultEnv):
         def step(self, action_text):
@@ -209,6 +214,7 @@ class HugeEnv(CountEnv):
 
 @pytest.mark.parametrize("strategy", ["per_step", "full"])
 @pytest.mark.parametrize("where", ["reset", "step"])
+@pytest.mark.probe("fault")
 def test_a_huge_observation_is_cut_before_it_is_tokenized(tokenizer, tiny_model, strategy, where):
     timed = TimedTokenizer(tokenizer)
     cap = 64

@@ -69,12 +69,14 @@ def test_bad_code_comes_back_as_a_result():
 
 @pytest.mark.parametrize("path", ["/etc/passwd", "/etc/shadow", str(ROOT / "pyproject.toml"), str(ROOT / "src/turnrl/envs/sandbox.py"),
                                   "/proc/1/environ", "../../etc/passwd"])
+@pytest.mark.probe("escape")
 def test_host_files_cannot_be_read(path):
     assert Path("/etc/passwd").exists() and (ROOT / "pyproject.toml").exists()  # they exist on the host
     r = run_python(f"print(open({path!r}).read()[:40])")
     assert r.stdout == "" and r.exit_code == 1 and "FileNotFoundError" in r.stderr
 
 
+@pytest.mark.probe("escape")
 def test_the_filesystem_holds_only_the_runtime_and_the_work_dir():
     r = run_python("import os; print(sorted(os.listdir('/')), os.getcwd(), os.getuid() != 0, os.listdir('.'))",
                    files={"data/input.txt": "x"})
@@ -84,6 +86,7 @@ def test_the_filesystem_holds_only_the_runtime_and_the_work_dir():
 
 
 @pytest.mark.parametrize("target", ["/usr/pwned", "/pwned", "/bin/pwned", "/dev/pwned", str(ROOT / "pwned")])
+@pytest.mark.probe("escape")
 def test_writes_outside_the_work_dir_fail_and_work_dir_writes_stay_inside(target):
     code = f"open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())\nopen({target!r}, 'w').write('x')"
     r = run_python(code)
@@ -92,6 +95,7 @@ def test_writes_outside_the_work_dir_fail_and_work_dir_writes_stay_inside(target
     assert not Path(target).exists() and not (ROOT / "inside.txt").exists()
 
 
+@pytest.mark.probe("escape")
 def test_no_network_even_to_a_loopback_server_of_the_host():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -117,6 +121,7 @@ def test_no_network_even_to_a_loopback_server_of_the_host():
         server.close()
 
 
+@pytest.mark.probe("escape")
 def test_infinite_loop_is_killed_by_the_cpu_limit():
     start = time.monotonic()
     r = run_python("while True:\n    pass", limits=Limits(cpu_seconds=1, wall_seconds=10.0))
@@ -125,16 +130,19 @@ def test_infinite_loop_is_killed_by_the_cpu_limit():
     assert "CPU time limit" in r.describe()
 
 
+@pytest.mark.probe("escape")
 def test_sleeping_forever_is_killed_by_the_wall_limit():
     r = run_python("import time\ntime.sleep(60)", limits=Limits(wall_seconds=1.0))
     assert r.timed_out and r.killed_by == "wall" and r.exit_code is None and 1.0 <= r.duration < 4
 
 
+@pytest.mark.probe("escape")
 def test_ten_gigabytes_are_refused():
     r = run_python("b = bytearray(10 * 1024 ** 3)\nprint('allocated')", limits=FAST)
     assert r.stdout == "" and r.killed_by == "memory" and "MemoryError" in r.stderr and r.duration < 5
 
 
+@pytest.mark.probe("escape")
 def test_fork_bomb_is_contained_and_everything_dies_with_the_run():
     code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     r = run_python(code, limits=Limits(cpu_seconds=2, wall_seconds=2.0, max_processes=8))
@@ -143,23 +151,27 @@ def test_fork_bomb_is_contained_and_everything_dies_with_the_run():
     assert subprocess.run(["true"]).returncode == 0  # the host can still fork
 
 
+@pytest.mark.probe("escape")
 def test_processes_beyond_the_limit_cannot_be_started():
     r = run_python(FORK_SIX, limits=Limits(max_processes=6, wall_seconds=3.0))
     assert r.ok and int(r.stdout) == 5  # the worker itself is the sixth process
     assert _sandboxed_processes_of(r.uid) == []  # the sleeping children died with the namespace
 
 
+@pytest.mark.probe("escape")
 def test_detached_children_do_not_outlive_the_run():
     r = run_python(DETACHED, limits=FAST)
     assert r.ok and r.stdout == "parent done\n" and r.duration < 5
     assert _sandboxed_processes_of(r.uid) == []
 
 
+@pytest.mark.probe("escape")
 def test_output_floods_are_capped():
     r = run_python("import sys\nfor _ in range(2000):\n    sys.stdout.write('x' * 1000)\n", limits=Limits(max_output_bytes=1000))
     assert r.ok and len(r.stdout) == 1000 and r.stdout_truncated
 
 
+@pytest.mark.probe("escape")
 def test_disk_fill_is_capped_by_the_tmpfs():
     code = "f = open('big', 'wb')\nfor _ in range(100):\n    f.write(b'x' * 1024 * 1024)\n"
     r = run_python(code, limits=Limits(disk_mb=8))
@@ -169,6 +181,7 @@ def test_disk_fill_is_capped_by_the_tmpfs():
     assert not r.ok and "No space left on device" in r.stderr
 
 
+@pytest.mark.probe("escape")
 def test_no_privileges_to_regain():
     code = (
         "import os\nprint(os.getuid(), os.getgid(), os.getgroups())\n"
@@ -184,6 +197,7 @@ def test_no_privileges_to_regain():
     assert "setuid denied" in r.stdout and "chroot denied" in r.stdout and "no proc" in r.stdout
 
 
+@pytest.mark.probe("escape")
 def test_concurrent_runs_are_isolated_from_each_other():
     import concurrent.futures
 
@@ -222,6 +236,7 @@ def test_a_sandbox_that_cannot_be_set_up_is_an_error_not_an_unprotected_run(monk
         run_python("print(1)")
 
 
+@pytest.mark.probe("escape")
 def test_no_descriptor_of_the_host_reaches_the_code():
     r = run_python("import os\nopen_fds = []\nfor fd in range(3, 1024):\n    try:\n        os.fstat(fd)\n"
                    "        open_fds.append(fd)\n    except OSError:\n        pass\nprint(open_fds)", files={"a.txt": "x", "b/c.txt": "y"})
@@ -282,6 +297,7 @@ print(json.dumps({
 """Syscalls an unprivileged process may make on this kernel (each prints errno 0 unconfined) and the filter refuses."""
 
 
+@pytest.mark.probe("escape")
 def test_syscalls_an_unprivileged_process_may_make_are_refused_in_the_sandbox():
     outside = subprocess.run([sys.executable, "-c", SYSCALL_PROBES], capture_output=True, text=True, timeout=30)
     unconfined = json.loads(outside.stdout)
@@ -292,6 +308,7 @@ def test_syscalls_an_unprivileged_process_may_make_are_refused_in_the_sandbox():
     assert confined == {**{name: errno.EPERM for name in unconfined}, "netlink_socket": errno.EAFNOSUPPORT}
 
 
+@pytest.mark.probe("escape")
 def test_namespace_mount_bpf_and_raw_socket_calls_fail_and_threads_still_work():
     code = (
         "import ctypes, os, socket, threading\nlibc = ctypes.CDLL(None, use_errno=True)\n"
@@ -321,6 +338,7 @@ X32_GETPID = "import ctypes\nprint(ctypes.CDLL(None).syscall(0x40000000 | 39))\n
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the i386 and x32 syscall tables exist only on x86-64")
+@pytest.mark.probe("escape")
 def test_a_syscall_through_another_abi_kills_the_process():
     outside = subprocess.run([sys.executable, "-c", I386_GETPID], capture_output=True, text=True, timeout=30)
     assert outside.stdout == "True\n" or outside.returncode == -signal.SIGSEGV  # works here, or this kernel has no i386 table
@@ -356,6 +374,7 @@ def _interpreter_for(uid: int) -> str:
     pytest.fail(f"no Python interpreter that uid {uid} may run; install python3 (apt-get install python3) to test the non-root path")
 
 
+@pytest.mark.probe("escape")
 def test_an_unprivileged_user_gets_the_same_isolation():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -407,6 +426,7 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.probe("escape")
 def test_code_env_answers_hostile_code_with_an_error_observation_and_continues():
     from turnrl.envs import make
 
@@ -448,6 +468,7 @@ class _ScriptedEngine:
         pass
 
 
+@pytest.mark.probe("escape")
 def test_a_training_style_collection_over_hostile_code_keeps_every_episode(tokenizer):
     from turnrl.engines.base import SamplingParams
     from turnrl.envs import make

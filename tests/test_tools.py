@@ -208,6 +208,7 @@ def test_instructions_list_the_tools_and_the_call_format():
         ('{"name": ' * 5000, "No tool call found"),
     ],
 )
+@pytest.mark.probe("bad_input")
 def test_every_failure_is_an_invalid_turn_with_an_error_observation(text, needle):
     env = Toy()
     env.reset(seed=0)

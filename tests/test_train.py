@@ -324,6 +324,7 @@ def _assert_diverged_cleanly(run_dir, tokenizer, error):
     return diverged
 
 
+@pytest.mark.probe("fault")
 def test_an_update_to_non_finite_weights_stops_the_run_before_any_checkpoint_holds_them(tmp_path, tokenizer, monkeypatch):
     from turnrl.learner import Learner
     from turnrl.monitor.monitor import TrainingDiverged
@@ -365,6 +366,7 @@ if "broken-v0" not in registered():
     register("broken-v0", Broken, description="test env whose steps fail")
 
 
+@pytest.mark.probe("fault")
 def test_a_run_whose_envs_all_fail_raises_an_alert(tmp_path, tokenizer):
     run_dir, _ = _run(tmp_path, tokenizer, ["env.id=broken-v0", "train.steps=1", "eval.at_start=false"], "broken")
     alerts = [json.loads(x) for x in (run_dir / "alerts.jsonl").read_text().splitlines()]
