@@ -15,7 +15,9 @@ Envs, sized so that the success a policy *can* reach leaves room to learn (exact
   optimal 1.0. The recipe's 6x6 rooms with 4-10-move puzzles give uniform random 0.013 within 10 turns.
 
 Outputs in ``--out`` (default ``runs/credit_bench``, git-ignored): ``results.md`` (a table of final / best held-out
-greedy success per estimator and env, mean over seeds, and the *steps-to-GRPO-final ratio*: the first
+greedy success per estimator and env, mean over seeds, beside uniform random, the fixed rule and the oracle
+(``bench/baselines.py``, computed in the same invocation) and the base model (the runs' step-0 evaluation) on the
+same held-out tasks (distinct by task key), each with its 95% interval, and the *steps-to-GRPO-final ratio*: the first
 evaluation step at which an estimator's seed-mean success reaches GRPO's final seed-mean success,
 divided by the step at which GRPO itself first reaches it; < 1 = faster than GRPO, "never" = not reached,
 n/a when GRPO's final success is not above its start, so there is nothing to reach; plus the mean held-out
@@ -46,6 +48,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from baselines import cell, measure  # noqa: E402
 
 ESTIMATORS: dict[str, list[str]] = {
     "grpo": ["algo.estimator=grpo"],
@@ -78,36 +83,52 @@ def projected_seconds(args) -> float:
     return total
 
 
+def env_config(env: str, args, overrides: list[str] = ()):
+    """The config of ``env``'s runs (its recipe, the env overrides, the eval budget) plus ``overrides``."""
+    from turnrl.config import load_config
+
+    config, env_over = ENVS[env]
+    turns = [f"env.max_turns={args.sokoban_turns}"] if env == "sokoban" else []
+    evaluation = [f"eval.num_tasks={args.eval_tasks}", f"eval.every={args.eval_every}"]
+    return load_config(ROOT / "configs" / config, [*env_over, *turns, *evaluation, *overrides, *args.overrides])
+
+
 def run_one(env: str, est: str, seed: int, args) -> list[dict]:
     """Train one (env, estimator, seed) and return its evaluation rows."""
-    from turnrl.config import load_config
     from turnrl.monitor.sinks import read_metrics
     from turnrl.build import build
     from turnrl.loop import train
 
-    config, env_over = ENVS[env]
-    overrides = [
-        *env_over, *ESTIMATORS[est],
-        f"train.steps={args.steps}", f"rollout.tasks_per_step={args.tasks}", f"rollout.group_size={args.group}",
-        f"eval.num_tasks={args.eval_tasks}", f"eval.every={args.eval_every}", f"train.seed={seed}",
-        f"train.seed_start={10_000 * seed}", "log.progress=false", "log.tensorboard=false", "log.checkpoint_every=0", "log.checkpoint_at_end=false",
-        f"log.run_dir={args.out / 'runs'}", f"log.name={env}-{est}-seed{seed}", "log.sample_trajectories=0",
-    ]
-    if env == "sokoban":
-        overrides.append(f"env.max_turns={args.sokoban_turns}")
-    cfg = load_config(ROOT / "configs" / config, overrides + list(args.overrides))
+    cfg = env_config(env, args, [
+        *ESTIMATORS[est], f"train.steps={args.steps}", f"rollout.tasks_per_step={args.tasks}", f"rollout.group_size={args.group}",
+        f"train.seed={seed}", f"train.seed_start={10_000 * seed}", "log.progress=false", "log.tensorboard=false",
+        "log.checkpoint_every=0", "log.checkpoint_at_end=false", f"log.run_dir={args.out / 'runs'}",
+        f"log.name={env}-{est}-seed{seed}", "log.sample_trajectories=0",
+    ])
     run_dir = train(cfg, components=build(cfg))
     rows = read_metrics(run_dir / "metrics.jsonl")
     train = {r["step"]: r for r in rows if "perf/train_s" in r}
     return [
         {
             "step": r["step"], "success": r["eval/success_rate"], "wall_s": r.get("perf/wall_s", 0.0),
+            "ci95": [r["eval/success_ci_low"], r["eval/success_ci_high"]], "distinct_tasks": r["eval/distinct_tasks"],
             # sampled training success and update time of the steps since the previous evaluation
             "train_success": [t["rollout/success_rate"] for k, t in train.items() if k <= r["step"]],
             "update_s": [t["perf/train_s"] for k, t in train.items() if k <= r["step"]],
         }
         for r in rows if "eval/success_rate" in r
     ]
+
+
+def env_baselines(args) -> dict[str, dict]:
+    """Uniform random, the fixed rule and the oracle on each env's held-out tasks (``bench/baselines.py``)."""
+    from turnrl.models import load_tokenizer
+
+    out = {}
+    for env in args.envs:
+        cfg = env_config(env, args)
+        out[env] = measure(cfg, tokenizer=load_tokenizer(cfg.model.path))
+    return out
 
 
 def mean_curve(runs: list[list[dict]]) -> list[tuple[int, float]]:
@@ -120,17 +141,20 @@ def first_reaching(curve: list[tuple[int, float]], level: float) -> int | None:
     return next((s for s, v in curve if s > 0 and v >= level), None)
 
 
-def summarise(curves: dict, args) -> str:
+def summarise(curves: dict, baselines: dict, args) -> str:
     lines = [
         f"### Credit assignment comparison — {time.strftime('%Y-%m-%d %H:%M')}",
         "",
         f"Command: `python bench/credit.py {' '.join(sys.argv[1:])}`. Budget per run: {args.steps} steps x {args.tasks} tasks "
         f"x {args.group} episodes; greedy eval on {args.eval_tasks} held-out tasks every {args.eval_every} steps; "
-        f"{args.seeds} seed(s). Success = seed-mean held-out greedy success.",
+        f"{args.seeds} seed(s). Success = seed-mean held-out greedy success. On the same held-out tasks (distinct by task "
+        "key; training skips them): uniform random, the fixed rule and the oracle (`bench/baselines.py`, this "
+        "invocation) and the base model (every run's step-0 evaluation: the same untrained weights), each with its 95% "
+        "Wilson interval over the distinct tasks.",
         "",
-        "| env | estimator | start | final | best | mean after step 0 | steps-to-GRPO-final ratio "
-        "| sampled train success, last 3 steps | update s/step |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| env | distinct held-out tasks | random | rule | base | oracle | estimator | final | best | mean after step 0 "
+        "| steps-to-GRPO-final ratio | sampled train success, last 3 steps | update s/step |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for env in args.envs:
         grpo = mean_curve(curves[env].get("grpo", []))
@@ -153,7 +177,12 @@ def summarise(curves: dict, args) -> str:
             last = [run[-1] for run in curves[env][est]]
             train = statistics.fmean(statistics.fmean(r.get("train_success", [])[-3:] or [float("nan")]) for r in last)
             update = statistics.fmean(statistics.fmean(r.get("update_s", []) or [float("nan")]) for r in last)
-            lines.append(f"| {env} | {est} | {curve[0][1]:.3f} | {curve[-1][1]:.3f} | {best:.3f} | {later:.3f} | {ratio} "
+            base = curves[env][est][0][0]  # the first seed's step-0 evaluation
+            base_text = cell(base) if "ci95" in base else f"{base['success']:.3f}"  # curves from before intervals were kept
+            fixed = baselines[env]
+            lines.append(f"| {env} | {fixed['oracle']['distinct_tasks']} | {cell(fixed['random'])} | {cell(fixed['rule'])} "
+                         f"| {base_text} "
+                         f"| {cell(fixed['oracle'])} | {est} | {curve[-1][1]:.3f} | {best:.3f} | {later:.3f} | {ratio} "
                          f"| {train:.3f} | {update:.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -247,7 +276,7 @@ def merge_curves(dirs: list[Path], curves: dict) -> dict:
 def report(curves: dict, args) -> int:
     args.seeds = min((len(runs) for by_est in curves.values() for runs in by_est.values()), default=0)
     (args.out / "curves.json").write_text(json.dumps(curves, indent=1))
-    table = summarise(curves, args)
+    table = summarise(curves, env_baselines(args), args)
     (args.out / "results.md").write_text(table)
     plot(curves, args, args.out / "success_vs_step.png")
     print(table)

@@ -1,12 +1,22 @@
-"""Does `turnrl train` (the embedded default) visibly learn on this machine within 20 minutes?
+"""Does `turnrl train` (the embedded default) visibly learn on this machine within 20 minutes, and beyond what?
 
-Runs the default recipe (configs/default.yaml, i.e. `turnrl train` with no arguments) under a wall-time
-limit, then writes the curve into bench/RESULTS.md: greedy success on held-out random maps (seeds never
-used in training) before training and at every evaluation, the valid-action rate, wall time, and the
-time and tokens per phase. The bar (issue 2): success rises by >= 30 percentage points over the untrained
-model and the valid-action rate reaches 95%, within 20 minutes of wall time.
+Runs a recipe (``-c``, default configs/default.yaml, i.e. `turnrl train` with no arguments) under a wall-time
+limit, then writes into bench/RESULTS.md:
 
-    python bench/learn_default.py [--minutes 20] [key=value overrides...]
+- the curve: greedy success on the held-out tasks before training and at every evaluation, the valid-action
+  rate, wall time, and the time and tokens per phase;
+- the baselines on the same held-out tasks (``bench/baselines.py``, computed in this invocation): uniform random,
+  the best simple fixed rule, the base model (the run's step-0 evaluation), the trained model (final and best
+  evaluation) and the oracle, each with its 95% Wilson interval over the distinct tasks;
+- what held out means in this run, counted from its ``task_keys.jsonl``: distinct held-out tasks, distinct
+  training tasks, and how many held-out keys training drew (0: held out by content, not only by seed).
+
+The bar (issue 2): success rises by >= 30 percentage points over the untrained model and the valid-action rate
+reaches 95%, within 20 minutes of wall time. ``bench/results/learn_<config>.json`` (``learn_default.json`` for the
+default) keeps the numbers.
+
+    python bench/learn_default.py [-c configs/frozenlake_raw.yaml] [--minutes 20] [key=value overrides...]
+    python bench/learn_default.py --from-run RUN_DIR      # report a finished run (no training)
 """
 
 from __future__ import annotations
@@ -21,36 +31,63 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from baselines import cell, measure  # noqa: E402
+from machine import write_result  # noqa: E402
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--minutes", type=float, default=20.0, help="wall-time budget, model load and evaluations included")
-    ap.add_argument("--no-write", action="store_true", help="print only; do not append to bench/RESULTS.md")
-    ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
-
-    from turnrl.config import load_config
-    from turnrl.monitor.sinks import read_metrics
+def train_run(args) -> tuple[Path, float]:
+    """Train the recipe under the budget; returns the run directory and the set-up seconds (model load, build)."""
     from turnrl.build import build
+    from turnrl.config import load_config
     from turnrl.loop import train
 
     t_start = time.perf_counter()
     overrides = [f"train.max_minutes={args.minutes}", "log.progress=false", "log.checkpoint_every=0", "log.checkpoint_at_end=false", *args.overrides]
-    cfg = load_config(ROOT / "configs" / "default.yaml", overrides)
+    cfg = load_config(args.config, overrides)
     # the budget counts model loading and every evaluation: shrink the trainer's own clock by the set-up time
     c = build(cfg)
     setup_s = time.perf_counter() - t_start
     cfg.train.max_minutes = max(0.1, args.minutes - setup_s / 60 - 1.0)  # keep ~1 min for the final evaluation
-    run_dir = train(cfg, components=c)
-    total_s = time.perf_counter() - t_start
+    return train(cfg, components=c), setup_s
 
+
+def held_out_counts(run_dir: Path) -> dict[str, int]:
+    """From ``task_keys.jsonl``: distinct held-out keys, distinct training keys, and held-out keys training drew."""
+    from turnrl.monitor.files import read_jsonl
+
+    rows = read_jsonl(run_dir / "task_keys.jsonl")
+    held = {t["key"] for r in rows if r["split"] == "eval" for t in r["tasks"]}
+    trained = {t["key"] for r in rows if r["split"] == "train" for t in r["tasks"]}
+    return {"held_out": len(held), "trained": len(trained), "overlap": len(held & trained)}
+
+
+def eval_row(r: dict) -> dict:
+    """A baselines-style row from an evaluation's metrics."""
+    return {"success": r["eval/success_rate"], "ci95": [r["eval/success_ci_low"], r["eval/success_ci_high"]],
+            "distinct_tasks": int(r.get("eval/distinct_tasks", r["eval/num_tasks"])), "step": r["step"]}
+
+
+def report(args, run_dir: Path, setup_s: float, total_s: float | None) -> dict:
+    """The curve and baseline tables (printed, appended to RESULTS.md unless ``--no-write``) and the result fields."""
+    from turnrl.config import load_config
+    from turnrl.models import load_tokenizer
+    from turnrl.monitor.sinks import read_metrics
+
+    cfg = load_config(run_dir / "config.yaml")
     rows = read_metrics(run_dir / "metrics.jsonl")
     evals = [r for r in rows if "eval/success_rate" in r]
-    base = evals[0]
-    last = evals[-1]
+    if not evals or evals[0]["step"] != 0:
+        raise SystemExit(f"{run_dir} has no step-0 evaluation (eval.at_start=false?): the base model's row needs it")
+    base, last = evals[0], evals[-1]
     best = max(evals[1:], key=lambda r: r["eval/success_rate"]) if len(evals) > 1 else base
     train_rows = [r for r in rows if "perf/train_s" in r]
+    total_s = total_s if total_s is not None else last.get("perf/wall_s", 0.0)  # --from-run: the run's own wall time
+    baselines = measure(cfg, tokenizer=load_tokenizer(cfg.model.path))
+    table = {"random": baselines["random"], "rule": baselines["rule"], "base": eval_row(base), "trained": eval_row(last),
+             "best": eval_row(best), "oracle": baselines["oracle"]}
+    counts = held_out_counts(run_dir)
 
     def mean(key):
         vals = [r[key] for r in train_rows if key in r]
@@ -63,24 +100,31 @@ def main() -> int:
     valid_sampled = sum(tail) / max(1, len(tail))
     met = gain >= 0.30 and valid_sampled >= 0.95 and total_s <= args.minutes * 60 + 30
     lines = [
-        f"### Default recipe learning curve — {time.strftime('%Y-%m-%d %H:%M')}",
+        f"### Learning curve, {args.label} — {time.strftime('%Y-%m-%d %H:%M')}",
         "",
-        f"Command: `python bench/learn_default.py --minutes {args.minutes:g}{' ' + ' '.join(args.overrides) if args.overrides else ''}` "
-        f"(configs/default.yaml; {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}).",
-        f"Held-out eval: {int(base['eval/num_tasks'])} random 4x4 maps (seeds from {cfg.eval.seed_start}, never trained on), greedy, "
-        f"one episode each; 95% Wilson interval in brackets.",
+        f"Command: `python {' '.join(sys.argv)}` ({args.label}; {platform.machine()}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}). Run: `{run_dir}`.",
+        f"Held-out eval: {int(base['eval/distinct_tasks'])} distinct {cfg.eval.env_id or cfg.env.id} tasks (seeds from "
+        f"{cfg.eval.seed_start}), distinct by content from training: the run trained on {counts['trained']} distinct tasks, "
+        f"{counts['overlap']} of them held-out tasks (task_keys.jsonl). Greedy, one episode each; 95% Wilson interval "
+        "over the distinct tasks in brackets.",
         "",
         "| step | wall (s) | eval success | 95% CI | eval valid-action rate (greedy) | train success (sampled) | train valid-action rate (sampled) |",
         "|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in evals:
-        wall = r.get("perf/wall_s", 0.0) + setup_s
         lines.append(
-            f"| {r['step']} | {wall:.0f} | {r['eval/success_rate']:.3f} | {r['eval/success_ci_low']:.2f}-{r['eval/success_ci_high']:.2f} "
-            f"| {r['eval/valid_action_rate']:.3f} | {r.get('rollout/success_rate', float('nan')):.3f} "
-            f"| {r.get('rollout/valid_action_rate', float('nan')):.3f} |"
+            f"| {r['step']} | {r.get('perf/wall_s', 0.0) + setup_s:.0f} | {r['eval/success_rate']:.3f} "
+            f"| {r['eval/success_ci_low']:.2f}-{r['eval/success_ci_high']:.2f} | {r['eval/valid_action_rate']:.3f} "
+            f"| {r.get('rollout/success_rate', float('nan')):.3f} | {r.get('rollout/valid_action_rate', float('nan')):.3f} |"
         )
     lines += [
+        "",
+        "On the same held-out tasks (random, rule, oracle: `bench/baselines.py`, run in this invocation; base = step 0):",
+        "",
+        "| " + " | ".join(table) + " |",
+        "|" + "---:|" * len(table),
+        "| " + " | ".join(cell(r) for r in table.values()) + " |",
         "",
         f"Base success {base['eval/success_rate']:.3f} -> final {last['eval/success_rate']:.3f} "
         f"(gain {100 * gain:+.1f} pp; best {best['eval/success_rate']:.3f} at step {best['step']}); "
@@ -95,13 +139,45 @@ def main() -> int:
     ]
     text = "\n".join(lines)
     print(text)
-    print(json.dumps({"run_dir": str(run_dir), "gain": gain, "met": met}))
     if not args.no_write:
-        results = ROOT / "bench" / "RESULTS.md"
-        if not results.exists():
-            results.write_text("# Benchmark results\n\nEach section says when and how it was measured.\n\n")
-        with results.open("a") as f:
+        with (ROOT / "bench" / "RESULTS.md").open("a") as f:
             f.write(text + "\n")
+    return {
+        "config": str(args.config), "run_dir": str(run_dir), "distinct_eval_tasks": int(base["eval/distinct_tasks"]),
+        "distinct_train_tasks": counts["trained"], "held_out_keys_trained_on": counts["overlap"],
+        **{name: row["success"] for name, row in table.items()},
+        "ci95": {name: row["ci95"] for name, row in table.items()},
+        "best_step": best["step"], "steps": train_rows[-1]["step"] if train_rows else 0, "seconds": total_s,
+        "gain": gain, "met": met,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-c", "--config", type=Path, default=ROOT / "configs" / "default.yaml", help="the recipe to train")
+    ap.add_argument("--minutes", type=float, default=20.0, help="wall-time budget, model load and evaluations included")
+    ap.add_argument("--from-run", type=Path, help="report this finished run directory instead of training one")
+    ap.add_argument("--name", help="result file bench/results/NAME.json (default: learn_default for configs/default.yaml, "
+                                   "else learn_<config stem>, or learn_<run dir name> with --from-run)")
+    ap.add_argument("--no-write", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    if not (args.from_run or args.config).exists():
+        raise SystemExit(f"{args.from_run or args.config} does not exist: pass a config under configs/ or a run directory")
+
+    t_start = time.perf_counter()
+    if args.from_run:
+        run_dir, setup_s, total_s = args.from_run, 0.0, None
+        name = args.name or f"learn_{run_dir.name}"
+        args.config, args.label = args.from_run / "config.yaml", f"run {run_dir.name}"
+    else:
+        run_dir, setup_s = train_run(args)
+        args.label = args.config.name
+        total_s = time.perf_counter() - t_start
+        name = args.name or ("learn_default" if args.config.stem == "default" else f"learn_{args.config.stem}")
+    fields = report(args, run_dir, setup_s, total_s)
+    print(json.dumps(fields))
+    print(f"wrote {write_result(name, fields)}")
     return 0
 
 

@@ -28,23 +28,32 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from baselines import cell, measure  # noqa: E402
+
 ENVS = ("countdown", "searchqa", "sql", "webshop", "code")
+
+
+def env_config(env: str, args, overrides: list[str] = ()):
+    """The recipe ``configs/<env>.yaml`` with the bench's evaluation budget, ``overrides`` and the command line's."""
+    from turnrl.config import load_config
+
+    evaluation = [f"eval.num_tasks={args.eval_tasks}", f"eval.every={args.steps}"]
+    return load_config(ROOT / "configs" / f"{env}.yaml", [*evaluation, *overrides, *args.overrides])
 
 
 def run_env(env: str, args) -> dict:
     """Train one recipe under the budget; return its first and last evaluation and the time it took."""
-    from turnrl.config import load_config
     from turnrl.monitor.sinks import read_metrics
     from turnrl.build import build
     from turnrl.loop import train
 
-    overrides = [
+    cfg = env_config(env, args, [
         f"train.steps={args.steps}", f"rollout.tasks_per_step={args.tasks}", f"rollout.group_size={args.group}",
-        f"eval.num_tasks={args.eval_tasks}", f"eval.every={args.steps}", "log.progress=false",
-        "log.tensorboard=false", "log.checkpoint_every=0", "log.checkpoint_at_end=false", "log.sample_trajectories=0", "log.report=false",
-        f"log.run_dir={args.out / 'runs'}", f"log.name={env}", *args.overrides,
-    ]
-    cfg = load_config(ROOT / "configs" / f"{env}.yaml", overrides)
+        "log.progress=false", "log.tensorboard=false", "log.checkpoint_every=0", "log.checkpoint_at_end=false",
+        "log.sample_trajectories=0", "log.report=false", f"log.run_dir={args.out / 'runs'}", f"log.name={env}",
+    ])
     t0 = time.perf_counter()
     run_dir = train(cfg, components=build(cfg))
     wall = time.perf_counter() - t0
@@ -56,7 +65,7 @@ def run_env(env: str, args) -> dict:
         return {
             "step": r["step"], "success": r["eval/success_rate"], "reward": r["eval/reward"],
             "valid": r["eval/valid_action_rate"], "turns": r["eval/turns"],
-            "ci": [r["eval/success_ci_low"], r["eval/success_ci_high"]],
+            "ci95": [r["eval/success_ci_low"], r["eval/success_ci_high"]], "distinct_tasks": r["eval/distinct_tasks"],
         }
 
     return {
@@ -68,7 +77,18 @@ def run_env(env: str, args) -> dict:
     }
 
 
-def table(results: dict, args) -> str:
+def env_baselines(envs: list[str], args) -> dict[str, dict]:
+    """Uniform random, the fixed rule and the oracle on each recipe's held-out tasks (``bench/baselines.py``)."""
+    from turnrl.models import load_tokenizer
+
+    out = {}
+    for env in envs:
+        cfg = env_config(env, args)
+        out[env] = measure(cfg, tokenizer=load_tokenizer(cfg.model.path))
+    return out
+
+
+def table(results: dict, baselines: dict, args) -> str:
     lines = [
         f"### Env recipes: base vs trained — {time.strftime('%Y-%m-%d %H:%M')}",
         "",
@@ -76,18 +96,20 @@ def table(results: dict, args) -> str:
         f"Budget per env: {args.steps} training steps x {args.tasks} tasks x {args.group} episodes "
         f"({args.steps * args.tasks * args.group} training episodes), from the untrained default model, with each recipe's "
         f"own settings otherwise (`configs/<env>.yaml`); greedy evaluation on {args.eval_tasks} held-out tasks "
-        "before and after. Success = the env's verifier; reward = mean episode reward including partial credit; "
-        "95% Wilson interval on success in brackets.",
+        "before and after (distinct by task key; training skips them), beside uniform random, the fixed rule and the "
+        "oracle on the same tasks (`bench/baselines.py`, this invocation). Success = the env's verifier; reward = mean "
+        "episode reward including partial credit; 95% Wilson interval over the distinct tasks in brackets.",
         "",
-        "| env | estimator | base success | trained success | base reward | trained reward | valid actions base -> trained | train success per step | wall |",
-        "|---|---|---:|---:|---:|---:|---|---|---:|",
+        "| env | estimator | distinct held-out tasks | random | rule | base success | trained success | oracle | base reward "
+        "| trained reward | valid actions base -> trained | train success per step | wall |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
     ]
     for name, r in results.items():
-        b, t = r["base"], r["trained"]
+        b, t, fixed = r["base"], r["trained"], baselines[name]
         curve = " ".join(f"{x:.2f}" for x in r["train_success"] if x is not None)
         lines.append(
-            f"| {r['env']} | {r['estimator']} | {b['success']:.3f} [{b['ci'][0]:.2f}-{b['ci'][1]:.2f}] "
-            f"| {t['success']:.3f} [{t['ci'][0]:.2f}-{t['ci'][1]:.2f}] | {b['reward']:.3f} | {t['reward']:.3f} "
+            f"| {r['env']} | {r['estimator']} | {fixed['oracle']['distinct_tasks']} | {cell(fixed['random'])} | {cell(fixed['rule'])} "
+            f"| {cell(b)} | {cell(t)} | {cell(fixed['oracle'])} | {b['reward']:.3f} | {t['reward']:.3f} "
             f"| {b['valid']:.2f} -> {t['valid']:.2f} | {curve} | {r['wall_s'] / 60:.1f} min |"
         )
     return "\n".join(lines) + "\n"
@@ -120,7 +142,8 @@ def main() -> int:
         r = results[env]
         print(f"{env}: success {r['base']['success']:.3f} -> {r['trained']['success']:.3f}, reward "
               f"{r['base']['reward']:.3f} -> {r['trained']['reward']:.3f} ({r['wall_s']:.0f} s)", flush=True)
-    md = table({e: results[e] for e in args.envs if e in results}, args)
+    shown = {e: results[e] for e in args.envs if e in results}
+    md = table(shown, env_baselines(list(shown), args), args)
     (args.out / "results.md").write_text(md)
     print(md)
     if args.write:

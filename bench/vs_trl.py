@@ -11,7 +11,8 @@ completion text): +0.2 for a move that shortens the oracle's path to the goal, 0
 zero on it, with variance inside a group, so learning shows in a few steps.
 
 What is held equal: the model (the embedded default SmolLM2-135M-Instruct, float32 master weights, bf16
-autocast on both sides), prompts per step and their seeds (step ``s`` trains on seeds ``4s .. 4s+3``),
+autocast on both sides), prompts per step and their seeds (step ``s`` trains on ``TaskSplit.train_tasks(s)``, the
+run's own training tasks),
 group size (TRL ``num_generations``), max completion length, sampling (temperature 1, no top-p/top-k),
 AdamW (lr, betas (0.9, 0.99), no weight decay, constant schedule, grad-norm clip 1.0), one optimizer step per
 batch of ``tasks * group`` completions, no KL term (TRL ``beta=0``), the clipped surrogate with
@@ -31,9 +32,11 @@ per-step time comes from its own ``perf/wall_s`` (rollout, credit, update, weigh
 time between consecutive ``on_step_end`` callbacks (generation, reward, update, its logging). Model loading
 and trainer construction are excluded on both sides.
 
-Held-out evaluation is one function for both: greedy decoding (bf16 autocast) of the same prompt on
-``--eval-tasks`` unseen maps (seeds from 1,000,000), scored by the env. The untrained model's score is
-measured once (both sides start from the same weights).
+Held-out evaluation is one function for both: greedy decoding (bf16 autocast) of the same prompt on the
+``--eval-tasks`` held-out maps of ``build.TaskSplit`` (seeds from ``eval.seed_start``, distinct by map; neither side
+trains on any of their maps, since both train on the split's training tasks), scored by the env. The untrained
+model's score is measured once (both sides start from the same weights). turnrl's loop also evaluates its model on
+those maps after the last step (its own evaluation; after the last ``perf/wall_s``, so outside the timing).
 
     python bench/vs_trl.py [--steps 8 --tasks 4 --group 8 --max-new-tokens 8 --engines hf,native] [--parallel] [--no-write]
 
@@ -59,7 +62,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 ENV_ID = "frozenlake-v0"
 ENV_KWARGS = {"max_turns": 1, "progress_reward": 0.2, "invalid_penalty": 0.1}
-EVAL_SEED_START = 1_000_000
 
 
 @dataclass
@@ -152,25 +154,40 @@ def evaluate_greedy(model, task: Task, seeds: list[int], max_new_tokens: int, ba
     return statistics.fmean(rewards), statistics.fmean(valid)
 
 
+def task_config(args, overrides: list[str] = ()):
+    """The default recipe made the single-turn task, with the bench's tasks and held-out set (plus ``overrides``)."""
+    from turnrl.config import load_config
+
+    return load_config(ROOT / "configs" / "default.yaml", [
+        f"env.max_turns={ENV_KWARGS['max_turns']}", f"env.progress_reward={ENV_KWARGS['progress_reward']}",
+        f"env.invalid_penalty={ENV_KWARGS['invalid_penalty']}", f"rollout.tasks_per_step={args.tasks}",
+        f"train.steps={args.steps}", "train.seed_start=0", f"eval.num_tasks={args.eval_tasks}", *overrides,
+    ])
+
+
+def seeds(args) -> tuple[list[int], list[int]]:
+    """``(held-out seeds, training seeds in step order)`` of the run's ``build.TaskSplit``: held out by map, and the
+    training tasks (the same for both sides) skip every held-out map."""
+    from turnrl.build import TaskSplit, env_factories
+
+    split = TaskSplit(task_config(args), *env_factories(task_config(args)))
+    return [t.seed for t in split.eval_tasks], [t.seed for s in range(args.steps) for t in split.train_tasks(s)]
+
+
 def run_turnrl(args, engine: str, task: Task, eval_seeds: list[int], out_dir: Path) -> Side:
     """turnrl through its public API: ``build`` then ``train`` with config overrides of the default recipe."""
-    from turnrl.config import load_config
     from turnrl.monitor.sinks import read_metrics
     from turnrl.build import build
     from turnrl.loop import train
 
-    overrides = [
-        f"env.max_turns={ENV_KWARGS['max_turns']}", f"env.progress_reward={ENV_KWARGS['progress_reward']}",
-        f"env.invalid_penalty={ENV_KWARGS['invalid_penalty']}",
-        f"rollout.engine={engine}", f"rollout.tasks_per_step={args.tasks}", f"rollout.group_size={args.group}",
+    cfg = task_config(args, [
+        f"rollout.engine={engine}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0",
-        f"train.steps={args.steps}", f"train.lr={args.lr}", f"train.threads={args.threads}", "train.seed=0",
-        "train.seed_start=0", "model.autocast_bf16=true",
-        "eval.at_start=false", "eval.every=0", "eval.num_tasks=1",  # the held-out eval is ours, shared with TRL
+        f"train.lr={args.lr}", f"train.threads={args.threads}", "train.seed=0", "model.autocast_bf16=true",
+        "eval.at_start=false", "eval.every=0",  # the held-out eval is ours, shared with TRL (see the module docstring)
         "log.progress=false", "log.checkpoint_every=0", "log.checkpoint_at_end=false", "log.sample_trajectories=0",
         f"log.run_dir={out_dir}", f"log.name=turnrl-{engine}",
-    ]
-    cfg = load_config(ROOT / "configs" / "default.yaml", overrides)
+    ])
     c = build(cfg)
     run_dir = train(cfg, components=c)
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "perf/wall_s" in r]
@@ -185,7 +202,7 @@ def run_turnrl(args, engine: str, task: Task, eval_seeds: list[int], out_dir: Pa
     return side
 
 
-def run_trl(args, task: Task, eval_seeds: list[int], out_dir: Path) -> Side:
+def run_trl(args, task: Task, train_seeds: list[int], eval_seeds: list[int], out_dir: Path) -> Side:
     """TRL's GRPOTrainer with the settings matched as the module docstring lists."""
     require_trl()
     from datasets import Dataset
@@ -194,7 +211,6 @@ def run_trl(args, task: Task, eval_seeds: list[int], out_dir: Path) -> Side:
 
     from turnrl.models import load_model, load_tokenizer
 
-    train_seeds = list(range(args.steps * args.tasks))  # turnrl's step s uses seeds s*tasks .. s*tasks + tasks - 1
     data = Dataset.from_list([{"prompt": task.messages(s), "seed": s} for s in train_seeds])
 
     def env_reward(prompts, completions, seed, **_) -> list[float]:
@@ -266,12 +282,11 @@ def main() -> int:
 
     tokenizer = load_tokenizer("default")
     task = Task(tokenizer)
-    train_seeds = list(range(args.steps * args.tasks))
-    eval_seeds = [EVAL_SEED_START + i for i in range(args.eval_tasks)]
+    eval_seeds, train_seeds = seeds(args)
     names = [e for e in args.engines.split(",") if e] + ([] if args.skip_trl else ["trl"])
 
     def run_side(name: str, tmp: Path) -> Side:
-        side = run_trl(args, task, eval_seeds, tmp) if name == "trl" else run_turnrl(args, name, task, eval_seeds, tmp)
+        side = run_trl(args, task, train_seeds, eval_seeds, tmp) if name == "trl" else run_turnrl(args, name, task, eval_seeds, tmp)
         print(json.dumps({"side": side.name, "step_s": side.step_s, "batch_reward": side.batch_reward}), flush=True)
         return side
 
@@ -310,7 +325,8 @@ def main() -> int:
         "",
         f"Command: `{cmd.strip()}` ({platform.machine()}, {args.threads} threads, torch {torch.__version__}). "
         f"SmolLM2-135M-Instruct (default), {args.steps} steps x {args.tasks} prompts x {args.group} completions, "
-        f"<= {args.max_new_tokens} new tokens, lr {args.lr:g}, no KL. Held-out: greedy on {args.eval_tasks} unseen maps, "
+        f"<= {args.max_new_tokens} new tokens, lr {args.lr:g}, no KL. Held-out: greedy on {len(eval_seeds)} distinct maps "
+        f"that neither side trains on (build.TaskSplit), "
         f"same function for both; untrained model: reward {base_reward:+.3f}, valid {base_valid:.2f}. "
         f"Sides run {'at the same time, one process each' if args.parallel else 'one after another'}; "
         f"shared 2-core machine (load average {os.getloadavg()[0]:.1f} at the end), other jobs running: times are noisy.",
