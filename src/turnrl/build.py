@@ -30,6 +30,7 @@ from turnrl.engines.native import UnsupportedModelError
 from turnrl.envs import Env, make
 from turnrl.learner import Critic, CriticParams, Learner, LearnerParams
 from turnrl.models import frozen_copy, load_model, load_tokenizer
+from turnrl.models.lora import LoraError, add_lora, is_lora, load_lora, split_adapter_path, trainable_parameters
 from turnrl.rollout import Collector
 
 
@@ -54,11 +55,15 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
         torch.set_num_threads(cfg.train.threads)
     seed_everything(cfg.train.seed)
     envs, eval_envs = env_factories(cfg)
+    base, adapter = _split_model_path(cfg.model.path)  # an adapter (a LoRA checkpoint): its base model, then it
     with quiet_transformers():
-        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model.path)
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(base)
         if model is None:
-            model = load_model(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
-    ref = frozen_copy(model) if cfg.model.reference else None
+            model = load_model(base, dtype=getattr(torch, cfg.model.dtype))
+        if adapter is not None or cfg.lora.enabled:
+            model = with_lora(cfg, model, adapter)
+    # LoRA: the reference is the policy with its adapters disabled (learner.py), not a copy
+    ref = (model if is_lora(model) else frozen_copy(model)) if cfg.model.reference else None
     engine = _engine(cfg, model, tokenizer)
     collector, eval_collector = _collectors(cfg, engine, tokenizer, envs, eval_envs)
     critic = Critic(model, CriticParams.from_config(cfg), tokenizer.pad_token_id) if cfg.algo.critic != "none" else None
@@ -94,6 +99,8 @@ def describe(c: Components) -> dict[str, str]:
     if c.model is not None:
         size = sum(p.numel() for p in c.model.parameters()) / 1e6
         model += f" ({type(c.model).__name__}, {size:.1f}M parameters, {cfg.model.dtype})"
+        if is_lora(c.model):
+            model += f", LoRA: {trainable_parameters(c.model) / 1e6:.2f}M trained"
     held = f"{len(c.tasks.eval_tasks)} distinct tasks"
     if len(c.tasks.eval_tasks) < cfg.eval.num_tasks:
         held += f", fewer than the {cfg.eval.num_tasks} asked: the env has few distinct tasks"
@@ -105,6 +112,27 @@ def describe(c: Components) -> dict[str, str]:
         "engine": type(c.engine).__name__,
         "threads": str(torch.get_num_threads()),
     }
+
+
+def _split_model_path(path: str) -> tuple[str, Path | None]:
+    """``(base model path, adapter directory or None)`` of ``model.path`` (:func:`~turnrl.models.lora.split_adapter_path`)."""
+    try:
+        return split_adapter_path(path)
+    except LoraError as e:
+        raise ConfigError(f"model.path={path!r}: {e}") from None
+
+
+def with_lora(cfg: Config, model, adapter: Path | None = None):
+    """``model`` with LoRA adapters: the ``adapter`` directory's (trainable), else fresh ones as ``lora`` sets them
+    (their directory naming ``model.path`` as the base)."""
+    try:
+        if adapter is not None:
+            return load_lora(model, adapter)
+        a = cfg.lora
+        return add_lora(model, rank=a.rank, alpha=a.alpha, target_modules=a.target_modules, dropout=a.dropout,
+                        use_rslora=a.use_rslora, base=cfg.model.path)
+    except LoraError as e:
+        raise ConfigError(str(e)) from None
 
 
 @contextlib.contextmanager
@@ -267,6 +295,9 @@ class TaskSplit:
 
 def _engine(cfg: Config, model, tokenizer) -> Engine:
     """The engine ``rollout.engine`` names, sampling from ``model`` (the learner's module)."""
+    if cfg.rollout.engine == "vllm" and is_lora(model):
+        raise ConfigError("rollout.engine=vllm does not sample from LoRA adapters (vLLM's LoRA path is not wired in): "
+                          "use rollout.engine=native or hf, or lora.enabled=false")
     try:
         return make_engine(
             cfg.rollout.engine, model, tokenizer, bf16=cfg.model.autocast_bf16, seed=cfg.train.seed,

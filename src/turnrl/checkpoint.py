@@ -3,7 +3,8 @@
 A checkpoint is a directory ``RUN/checkpoints/step_NNNNNN`` holding:
 
 - ``model/``: the policy as a Hugging Face directory (``save_pretrained`` + tokenizer), loadable on its
-  own by ``turnrl eval model.path=...``;
+  own by ``turnrl eval model.path=...``; on a LoRA run only the adapter, in peft's layout
+  (``adapter_config.json`` naming the base model, ``adapter_model.safetensors``), which ``model.path=`` also takes;
 - ``state.pt``: step, optimizer and LR-scheduler state, the engine's sampling RNG and weight version, the
   monitor's detector windows and rollback counter, the torch / Python / NumPy RNG states. The data cursor is
   the step itself (task seeds are a pure function of the step), so nothing else is needed to resume
@@ -14,10 +15,11 @@ run directory from elsewhere cannot run code when resumed (a ``state.pt`` that n
 Weights are never checkpointed when any is NaN or infinite.
 
 Atomicity: writes go to ``.tmp_step_NNNNNN`` renamed into place, and ``RUN/checkpoints/latest`` (a pointer for
-people and tools) is written last. Only a complete directory (``state.pt`` and ``model/model.safetensors``)
-counts as a checkpoint; a crash mid-save leaves the previous one intact and a ``.tmp_*`` leftover that
-:func:`discard_partial` removes. A damaged checkpoint raises :class:`CheckpointError`, one line naming the
-file and what is wrong, and :func:`set_aside` renames it so an older one can be used.
+people and tools) is written last. Only a complete directory (``state.pt`` and ``model/model.safetensors``, or
+``model/adapter_model.safetensors`` on a LoRA run) counts as a checkpoint; a crash mid-save leaves the previous one
+intact and a ``.tmp_*`` leftover that :func:`discard_partial` removes. A damaged checkpoint raises
+:class:`CheckpointError`, one line naming the file and what is wrong, and :func:`set_aside` renames it so an older
+one can be used.
 """
 
 from __future__ import annotations
@@ -33,8 +35,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from turnrl.models import lora
+
 STATE = "state.pt"
 WEIGHTS = Path("model") / "model.safetensors"
+ADAPTER = Path("model") / lora.ADAPTER_WEIGHTS  # a LoRA run's weights: the adapter only
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -82,7 +87,10 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
     tmp = root / f".tmp_step_{step:06d}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp / "model", safe_serialization=True)
+    if lora.is_lora(model):
+        lora.save_adapter(model, tmp / "model")
+    else:
+        model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
     torch.save({"step": step, **state, "rng": rng_state()}, tmp / STATE)
     if final.exists():
@@ -170,18 +178,22 @@ def load_state(ckpt: Path) -> dict[str, Any]:
 
 
 def load_weights(ckpt: Path, model: torch.nn.Module) -> None:
-    """Load ``model/model.safetensors`` into ``model``; every tensor must be there and nothing else.
+    """Load ``model/model.safetensors`` into ``model`` (``model/adapter_model.safetensors`` into a LoRA model's
+    adapters); every tensor must be there and nothing else.
 
     Raises :class:`CheckpointError` naming the file and the missing or unexpected tensors, or the damage.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_model
 
-    path = Path(ckpt) / WEIGHTS
+    path = Path(ckpt) / (ADAPTER if lora.is_lora(model) else WEIGHTS)
     if not path.is_file():
         raise CheckpointError(f"{path}: missing")
     try:
-        missing, unexpected = load_model(model, path, strict=False)  # tied weights are matched by safetensors
+        if lora.is_lora(model):
+            missing, unexpected = lora.load_adapter_weights(model, path)
+        else:
+            missing, unexpected = load_model(model, path, strict=False)  # tied weights are matched by safetensors
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{path}: unreadable ({_first_line(e)})") from None
     except RuntimeError as e:  # a tensor of the wrong shape
@@ -193,7 +205,7 @@ def load_weights(ckpt: Path, model: torch.nn.Module) -> None:
 
 
 def _complete(path: Path) -> bool:
-    return (path / STATE).is_file() and (path / WEIGHTS).is_file()
+    return (path / STATE).is_file() and ((path / WEIGHTS).is_file() or (path / ADAPTER).is_file())
 
 
 def _names(names: list[str], shown: int = 3) -> str:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from turnrl.config.lora import LoraConfig
 from turnrl.config.names import _value_hint
 from turnrl.config.section import Section
 
@@ -213,6 +214,7 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Config":

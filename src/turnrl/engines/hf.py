@@ -3,7 +3,9 @@
 It decodes with a KV cache, computes the prompt prefix that all prompts of a batch share once (see
 :mod:`turnrl.models.prefix`), drops finished rows from the batch as it goes, and reports the exact behaviour
 logprob of every sampled token. It samples from the learner's own module, so ``sync_weights`` only bumps
-the version: no copy, no disk round trip.
+the version: no copy, no disk round trip. A LoRA model (:mod:`turnrl.models.lora`) runs its own forward, base plus
+adapter as the learner computes it: merging at sync would take a second copy of the adapted weights, or an in-place
+merge whose unmerge does not restore the base weights (the KL reference) bit for bit.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import torch
 from turnrl.config import Config
 from turnrl.learner import losses
 from turnrl.learner.samples import Batch, build_samples, collate, micro_batches
+from turnrl.models.lora import adapter_disabled
 from turnrl.models.prefix import additive_mask, forward, prefix_cache
 from turnrl.types import Advantages, TrainSample, Trajectory
 
@@ -136,7 +137,12 @@ class _Sums:
 
 
 class Learner:
-    """Owns the optimizer and turns TrainSamples into one optimizer step per call to :meth:`update`."""
+    """Owns the optimizer and turns TrainSamples into one optimizer step per call to :meth:`update`.
+
+    The optimizer holds the parameters that require a gradient: on a LoRA model (:mod:`turnrl.models.lora`) only the
+    adapters. ``ref_model`` is the KL reference: a frozen copy, or the policy itself when it carries LoRA adapters
+    (the reference is then its base weights, computed with the adapters disabled), or None.
+    """
 
     def __init__(self, model, params: LearnerParams, pad_id: int, ref_model=None, critic=None) -> None:
         self.model = model
@@ -203,8 +209,7 @@ class Learner:
             logits = response_logits(self.model, batch)
             ref_logits = None
             if self.ref_model is not None and p.kl_coef > 0:
-                with torch.no_grad():
-                    ref_logits = response_logits(self.ref_model, batch)
+                ref_logits = self._reference_logits(batch)
         logp = packed_logprobs(logits, batch, p.temperature)
         per_tok, clip_stats = losses.ppo_clip_loss(
             logp, batch.old_logprobs, batch.advantages, batch.mask, clip_low=p.clip_low, clip_high=p.clip_high,
@@ -259,7 +264,7 @@ class Learner:
         for mb in micro_batches(samples, self.params.micro_batch_tokens):
             batch = collate(mb, self.pad_id)
             with self._autocast():
-                ref_logits = response_logits(self.ref_model, batch)
+                ref_logits = self._reference_logits(batch)
             ref = packed_logprobs(ref_logits, batch, temperature)
             for b, s in enumerate(mb):
                 m = batch.mask[b].bool()
@@ -271,6 +276,12 @@ class Learner:
                     out[s.traj_index][j] = float(sum(kl[k : k + n]))
                     k += n
         return out
+
+    @torch.no_grad()
+    def _reference_logits(self, batch: Batch) -> torch.Tensor:
+        """The reference policy's :func:`response_logits` (without gradient)."""
+        with adapter_disabled(self.ref_model):
+            return response_logits(self.ref_model, batch)
 
     def state_dict(self) -> dict:
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}

@@ -40,6 +40,7 @@ import torch
 from turnrl.engines.base import Completion, SamplingParams
 from turnrl.engines.native.model import LlamaForward
 from turnrl.engines.sampling import sample
+from turnrl.models.lora import merged_view
 from turnrl.models.prefix import common_prefix_len, round_up
 
 
@@ -75,7 +76,9 @@ class NativeEngine(LlamaForward):
     outside the Llama family.
 
     Args:
-        model: a Hugging Face causal LM of the Llama family (the learner's module; weights are copied from it).
+        model: a Hugging Face causal LM of the Llama family (the learner's module; weights are copied from it). With
+            LoRA adapters, each adapted layer is read merged, ``W + s B A``, one layer at a time
+            (:func:`~turnrl.models.lora.merged_view`): the engine samples from base + adapter at one matmul per layer.
         tokenizer: its tokenizer (end-of-sequence id, stop strings).
         dtype: ``"bf16"`` or ``"fp32"`` for the engine's weights, cache and activations.
         max_slots: sequences whose caches are resident at once (the most rows a decode step has).
@@ -102,7 +105,7 @@ class NativeEngine(LlamaForward):
         packed_weights: bool = True,
         prefill_tokens: int = 8192,
     ) -> None:
-        super().__init__(model, dtype=dtype, max_slots=max_slots, max_len=max_len, threads=threads,
+        super().__init__(merged_view(model), dtype=dtype, max_slots=max_slots, max_len=max_len, threads=threads,
                          packed_weights=packed_weights)
         self.tokenizer = tokenizer
         self.prefill_tokens = prefill_tokens
@@ -155,7 +158,8 @@ class NativeEngine(LlamaForward):
         self.seed = int(state.get("seed", self.seed))
 
     def _reload_weights(self) -> None:
-        """Copy the module's weights in again and drop every cached key/value (the prefix store's too): all stale."""
+        """Copy the module's weights in again (LoRA adapters merged in as they are read) and drop every cached
+        key/value (the prefix store's too): all stale."""
         self._load_weights()
         self._prefix = None
         for s in self._seqs.values():
