@@ -1,6 +1,7 @@
 """The layout holds (docs/concepts.md): folders follow the data flow and no module imports a layer above it.
 
-Layers, lowest first: envs < agent < engines < rollout < credit < learner < monitor < scale < build < loop < sft < cli.
+Layers, lowest first: envs < agent < engines < rollout < credit < learner < monitor < scale < build < loop < sft < api
+< completion < cli.
 ``types``, ``config``, ``checkpoint`` and ``models`` (model loading and the shared-prefix forward) are shared by all.
 Every import counts, including those inside functions.
 """
@@ -13,7 +14,10 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "turnrl"
-LAYERS = ["envs", "agent", "engines", "rollout", "credit", "learner", "monitor", "scale", "build", "loop", "sft", "cli"]
+# api (turnrl.train / turnrl.evaluate) runs the loop and is what the CLI's train and eval call; completion (shell
+# completion) reads the config schema and the env and estimator registries for the CLI: both sit just below cli.
+LAYERS = ["envs", "agent", "engines", "rollout", "credit", "learner", "monitor", "scale", "build", "loop", "sft", "api",
+          "completion", "cli"]
 SHARED = {"types", "config", "checkpoint", "models"}
 # Shared modules that reach up on purpose, each with its reason.
 ALLOWED_UP = {

@@ -1,4 +1,7 @@
-"""`turnrl train | eval | play | watch | report | envs`."""
+"""`turnrl train | eval | play | watch | report | envs | completion`: argument parsing, printing, exit codes.
+
+`train` and `eval` call :mod:`turnrl.api`, the functions Python code calls (``turnrl.train``, ``turnrl.evaluate``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import json
 import os
 import sys
 from pathlib import Path
+
+from turnrl.completion import COMPLETE_FLAG, SHELLS, complete, script
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -42,38 +47,19 @@ def _import_user_code(modules: list[str]) -> None:
         except ModuleNotFoundError as e:
             if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
                 raise ConfigError(f"--import {name}: {e} in the installed packages or the current directory ({cwd}); "
-                                  "run turnrl from the directory that holds it, or install it") from None
-            raise ConfigError(f"--import {name}: it imports '{e.name}', which is not installed; install it") from None
-
-
-def _run_of(path: Path) -> Path | None:
-    """The run directory holding ``path``: the run itself, its ``checkpoints/``, a checkpoint, or a checkpoint's ``model/``."""
-    for p in [path, *path.parents][:4]:
-        if (p / "config.yaml").is_file() and (p / "checkpoints").is_dir():
-            return p
-    return None
-
-
-def _resume_dir(args) -> Path:
-    run = Path(args.resume)
-    if not (run / "config.yaml").exists():
-        raise FileNotFoundError(f"{run} is not a run directory (no config.yaml); pass the directory `turnrl train` printed")
-    return run
+                                  "run turnrl from the directory that holds it, or install its project: "
+                                  "pip install -e DIR") from None
+            raise ConfigError(f"--import {name}: it imports '{e.name}', which is not installed; install it: "
+                              f"pip install {e.name}") from None
 
 
 def _load(args):
-    """The command's config: a resumed run's own (with its allowed changes), else ``-c``, else the config of the run
-    that ``eval --checkpoint`` points into, else the defaults; the overrides on top."""
-    from turnrl.config import load_config, resume_config
+    """The command's config, as :func:`turnrl.api.resolve_config` resolves it from ``-c``, the overrides, ``--resume``
+    and ``eval --checkpoint``."""
+    from turnrl.api import resolve_config
 
-    if getattr(args, "resume", None):
-        return resume_config(_resume_dir(args), args.overrides, args.config)[0]
-    path = args.config
-    run = _run_of(Path(args.checkpoint)) if getattr(args, "checkpoint", None) else None
-    if path is None and run is not None:
-        path = run / "config.yaml"
-        print(f"config: {path} (the run's own; -c FILE or key=value overrides change it)", file=sys.stderr)
-    return load_config(path, args.overrides)
+    return resolve_config(args.config, args.overrides, checkpoint=getattr(args, "checkpoint", None),
+                          resume=getattr(args, "resume", None))
 
 
 def _quiet_transformers() -> None:
@@ -94,12 +80,11 @@ def cmd_help_config(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from turnrl.loop import train
+    from turnrl.api import train
 
     _quiet_transformers()
-    if args.resume:
-        return _resume(args)
-    return _exit_code(train(_load(args)))
+    run = train(args.config, *args.overrides, resume=args.resume)
+    return _exit_code(run.run_dir) if run.ran else 0  # not ran: the run had finished, and train said how to extend it
 
 
 def _exit_code(run_dir: Path) -> int:
@@ -112,58 +97,15 @@ def _exit_code(run_dir: Path) -> int:
     return {"SIGINT": 130, "SIGTERM": 143}.get(signal_name, 0)
 
 
-def _resume(args) -> int:
-    """Continue a run with its own config and the changes resume allows; a finished run says how to extend it."""
-    from turnrl.build import build
-    from turnrl.checkpoint import latest_checkpoint
-    from turnrl.config import record_changes, resume_config
-    from turnrl.loop import train
-
-    run = _resume_dir(args)
-    cfg, changes = resume_config(run, args.overrides, args.config)
-    ckpt = latest_checkpoint(run)
-    done = int(ckpt.name.removeprefix("step_")) if ckpt is not None else 0
-    if done >= cfg.train.steps:
-        print(f"{run} already finished: its last checkpoint is step {done} of train.steps={cfg.train.steps}. "
-              f"To train it further, raise train.steps: turnrl train --resume {run} train.steps={2 * done}")
-        return 0
-    components = build(cfg)  # a model or env that fails to build stops here, before the run's files change
-    record_changes(run, cfg, changes, step=done)
-    for c in changes:
-        print(f"from step {done}: {c.key} = {c.new!r} (was {c.old!r}; recorded in {run / 'config_changes.jsonl'})",
-              file=sys.stderr)
-    return _exit_code(train(cfg, resume=run, components=components))
-
-
-def _checkpoint_model(path: Path) -> Path:
-    """The model directory of ``path``: a checkpoint, its ``model/``, or a run directory (its latest checkpoint)."""
-    from turnrl.checkpoint import latest_checkpoint
-
-    if (path / "checkpoints").is_dir():
-        ckpt = latest_checkpoint(path)
-        if ckpt is None:
-            raise FileNotFoundError(f"{path} has no complete checkpoint; pass one of its checkpoints/step_* directories "
-                                    "or train it further")
-        path = ckpt
-    return path / "model" if (path / "model").exists() else path
-
-
 def cmd_eval(args) -> int:
-    from turnrl.build import build, build_for_eval
-    from turnrl.loop import evaluate
+    from turnrl.api import evaluate
 
     _quiet_transformers()
-
-    cfg = _load(args)
-    if args.checkpoint:
-        cfg.model.path = str(_checkpoint_model(Path(args.checkpoint)))
-    c = build(cfg) if args.engine == "hf" else build_for_eval(cfg, args.engine, **_remote_engine_options(args))
-    m = evaluate(c)
-    rate, lo, hi = m["eval/success_rate"], m["eval/success_ci_low"], m["eval/success_ci_high"]
-    print(f"{cfg.eval.env_id or cfg.env.id}: success {rate:.3f} (95% CI {lo:.3f}-{hi:.3f}) over "
-          f"{int(m['eval/distinct_tasks'])} distinct held-out tasks; valid actions {m['eval/valid_action_rate']:.3f}")
+    result = evaluate(args.config, *args.overrides, checkpoint=args.checkpoint, engine=args.engine,
+                      **_remote_engine_options(args))
+    print(result)
     if args.json:
-        print(json.dumps(m))
+        print(json.dumps(result.metrics))
     return 0
 
 
@@ -174,13 +116,13 @@ def _remote_engine_options(args) -> dict:
     given = {"timeout": args.timeout, "max_retries": args.max_retries}
     if args.engine != "openai":
         if any(v is not None for v in (*given.values(), args.base_url, args.api_model)):
-            raise ConfigError("--base-url, --api-model, --timeout and --max-retries are for a remote server: add --engine openai")
+            raise ConfigError("--base-url, --api-model, --timeout and --max-retries are for a remote server: add "
+                              "--engine openai, e.g. turnrl eval --engine openai --base-url http://localhost:8000/v1 "
+                              "--api-model ID")
         return {}
     if not args.base_url or not args.api_model:
-        raise ConfigError("--engine openai needs --base-url (e.g. http://localhost:8000/v1) and --api-model "
-                          "(the id the server serves, see GET /v1/models)")
-    if args.checkpoint:
-        raise ConfigError("--checkpoint cannot be sent to a remote server; serve the checkpoint there and pass --api-model")
+        raise ConfigError("--engine openai needs --base-url and --api-model (the id the server serves, see GET "
+                          "/v1/models): turnrl eval --engine openai --base-url http://localhost:8000/v1 --api-model ID")
     return dict(base_url=args.base_url, api_model=args.api_model, endpoint=args.api_endpoint,
                 api_key=os.environ.get(args.api_key_env), vllm_extensions=not args.api_plain, require_logprobs=False,
                 **{k: v for k, v in given.items() if v is not None})
@@ -212,7 +154,7 @@ def cmd_play(args) -> int:
     kwargs = {}
     for item in args.kwargs:
         if "=" not in item:
-            raise ConfigError(f"env argument '{item}' is not key=value (example: slippery=true)")
+            raise ConfigError(f"env argument '{item}' is not key=value, e.g. turnrl play {args.env} slippery=true")
         k, v = item.split("=", 1)
         kwargs[k] = yaml.safe_load(v)
     from turnrl.envs import UnknownEnvError
@@ -239,6 +181,11 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_completion(args) -> int:
+    print(script(args.shell), end="")
+    return 0
+
+
 def cmd_envs(args) -> int:
     from turnrl.envs import registered
 
@@ -249,13 +196,59 @@ def cmd_envs(args) -> int:
     return 0
 
 
+#: What each command's --help ends with (runs/NAME: a run directory, as `turnrl train` prints it).
+EXAMPLES = {
+    "turnrl": """examples:
+  turnrl train                                   # the embedded SmolLM2-135M on FrozenLake (configs/default.yaml)
+  turnrl train -c configs/sokoban.yaml train.steps=20
+  turnrl eval --checkpoint runs/NAME             # held-out success with a 95% interval
+  turnrl watch runs/NAME
+  turnrl train --help-config                     # every config key, its default and meaning
+  turnrl completion bash                         # TAB completion: source <(turnrl completion bash)
+A command's examples: turnrl COMMAND --help. From Python: turnrl.train(...), turnrl.evaluate(...) (docs/api.md).""",
+    "train": """examples:
+  turnrl train                                   # the default recipe (configs/default.yaml)
+  turnrl train -c configs/sokoban.yaml train.steps=20 rollout.group_size=4
+  turnrl train train.lr=1e-5 algo.estimator=rloo
+  turnrl train lora.enabled=true train.lr=2e-4   # LoRA adapters on frozen base weights (docs/lora.md)
+  turnrl train --resume runs/NAME                # continue from the latest checkpoint
+  turnrl train --resume runs/NAME train.steps=80 # extend a finished run
+  turnrl train --import myenvs env.id=guess-v0   # your own env, registered in ./myenvs.py
+  turnrl train --help-config algo                # one section's keys (or one key: --help-config train.lr)""",
+    "eval": """examples:
+  turnrl eval                                    # the untrained base model on the held-out tasks
+  turnrl eval --checkpoint runs/NAME --json      # a run's latest checkpoint, every metric as JSON
+  turnrl eval --checkpoint runs/NAME eval.num_tasks=200
+  turnrl eval env.id=sokoban-v0 eval.greedy=false
+  turnrl eval --engine openai --base-url http://localhost:8000/v1 --api-model MODEL""",
+    "play": """examples:
+  turnrl play frozenlake-v0 --seed 3
+  turnrl play frozenlake-v0 slippery=true size=8
+  turnrl play guess-v0 --import myenvs           # your own env, registered in ./myenvs.py""",
+    "watch": """examples:
+  turnrl watch runs/NAME
+  turnrl watch runs/NAME --once                  # print the view once""",
+    "report": """examples:
+  turnrl report runs/NAME                        # writes runs/NAME/report.html
+  turnrl report runs/NAME -o report.html --max-trajectories 50""",
+    "envs": """examples:
+  turnrl envs
+  turnrl envs --import myenvs                    # with the envs that ./myenvs.py registers""",
+    "completion": """examples:
+  source <(turnrl completion bash)               # in this shell
+  turnrl completion bash > ~/.local/share/bash-completion/completions/turnrl
+  turnrl completion zsh > ~/.zfunc/_turnrl       # with ~/.zfunc in $fpath, before compinit""",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     from turnrl.config import FIXED_ON_RESUME, RESUMABLE
 
-    parser = argparse.ArgumentParser(prog="turnrl", description="Reinforcement learning for multi-turn LLM agents")
+    parser = argparse.ArgumentParser(prog="turnrl", description="Reinforcement learning for multi-turn LLM agents",
+                                     epilog=EXAMPLES["turnrl"], formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser("train", help="train a policy (default: the embedded SmolLM2-135M on FrozenLake)")
+    p = _command(sub, "train", "train a policy (default: the embedded SmolLM2-135M on FrozenLake)")
     _add_config_args(p)
     _add_import_arg(p)
     p.add_argument("--resume", metavar="RUN",
@@ -266,7 +259,7 @@ def _parser() -> argparse.ArgumentParser:
                         f"train.steps=N")
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("eval", help="success rate (with a 95%% interval) of a checkpoint or the base model on held-out seeds")
+    p = _command(sub, "eval", "success rate (with a 95%% interval) of a checkpoint or the base model on held-out seeds")
     _add_config_args(p)
     _add_import_arg(p)
     p.add_argument("--checkpoint", help="a checkpoint directory or a run directory (its latest checkpoint); inside a run, "
@@ -290,41 +283,53 @@ def _parser() -> argparse.ArgumentParser:
                         "request is retried once at most (the engine's default: 4)")
     p.set_defaults(fn=cmd_eval)
 
-    p = sub.add_parser("play", help="play an env yourself in the terminal")
+    p = _command(sub, "play", "play an env yourself in the terminal")
     p.add_argument("env", help="env id, e.g. frozenlake-v0")
     p.add_argument("kwargs", nargs="*", help="env arguments as key=value, e.g. slippery=true")
     p.add_argument("--seed", type=int, default=None)
     _add_import_arg(p)
     p.set_defaults(fn=cmd_play)
 
-    p = sub.add_parser("watch", help="live terminal view of a run: recent steps, evaluations and alerts")
+    p = _command(sub, "watch", "live terminal view of a run: recent steps, evaluations and alerts")
     p.add_argument("run", help="a run directory")
     p.add_argument("--once", action="store_true", help="print the view once and exit")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     p.set_defaults(fn=cmd_watch)
 
-    p = sub.add_parser("report", help="write one self-contained HTML file: curves, alerts, config and a token-level "
-                                      "trajectory viewer")
+    p = _command(sub, "report", "write one self-contained HTML file: curves, alerts, config and a token-level "
+                                "trajectory viewer")
     p.add_argument("run", help="a run directory")
     p.add_argument("-o", "--output", help="output file (default: RUN/report.html)")
     p.add_argument("--max-trajectories", type=int, default=200,
                    help="embed at most this many trajectories, from evenly spaced steps (default 200)")
     p.set_defaults(fn=cmd_report)
 
-    p = sub.add_parser("envs", help="list registered environments")
+    p = _command(sub, "envs", "list registered environments")
     _add_import_arg(p)
     p.set_defaults(fn=cmd_envs)
+
+    p = _command(sub, "completion", "print a shell completion script (subcommands, options, config keys)")
+    p.add_argument("shell", choices=SHELLS, help="the shell to complete in")
+    p.set_defaults(fn=cmd_completion)
     return parser
 
 
+def _command(sub, name: str, help: str) -> argparse.ArgumentParser:
+    """The subcommand ``name``; its ``--help`` ends with its :data:`EXAMPLES`."""
+    return sub.add_parser(name, help=help, epilog=EXAMPLES[name], formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = _parser()
+    if argv[:1] == [COMPLETE_FLAG]:  # what the completion scripts run at every TAB
+        return complete(parser, argv[1:])
     args, extra = parser.parse_known_args(argv)
     trailing = next((name for name in ("overrides", "kwargs") if hasattr(args, name)), None)
     if extra and trailing and not any(x.startswith("-") for x in extra):
         getattr(args, trailing).extend(extra)  # key=value after an option's value (`train a=1 --import m b=2`)
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}; the options are in `turnrl {args.cmd} --help`")
     from turnrl.checkpoint import CheckpointError
     from turnrl.config import ConfigError
     from turnrl.engines.openai_compat import RemoteEngineError

@@ -13,7 +13,7 @@ A resumed run continues with its own ``config.yaml``; :func:`resume_config` appl
 resume allows (:data:`RESUMABLE`) and refuses the rest, and :func:`record_changes` writes them to the run.
 """
 
-from turnrl.config.load import config_help, load_config, write_config
+from turnrl.config.load import apply_overrides, config_help, load_config, write_config
 from turnrl.config.names import ALIASES, VALUE_ALIASES, Alias
 from turnrl.config.resume import FIXED_ON_RESUME, RESUMABLE, ConfigChange, may_change_on_resume, record_changes, resume_config
 from turnrl.config.schema import (
@@ -33,6 +33,6 @@ from turnrl.config.schema import (
 __all__ = [
     "ALIASES", "FIXED_ON_RESUME", "RESUMABLE", "VALUE_ALIASES", "Alias", "AlgoConfig", "Config", "ConfigChange",
     "ConfigError", "EnvConfig", "EvalConfig", "LogConfig", "ModelConfig", "MonitorConfig", "RolloutConfig",
-    "TrainConfig", "config_help", "load_config", "may_change_on_resume", "record_changes", "resume_config",
+    "TrainConfig", "apply_overrides", "config_help", "load_config", "may_change_on_resume", "record_changes", "resume_config",
     "valid_keys", "write_config",
 ]

@@ -94,6 +94,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return _validate(_with_overrides(_read_yaml(path) if path is not None else {}, overrides))
 
 
+def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
+    """A new config: ``cfg`` with ``key=value`` overrides applied and validated as a whole (``cfg`` is unchanged)."""
+    return _validate(_with_overrides(cfg.model_dump(mode="json"), overrides))
+
+
 def write_config(cfg: Config, path: str | Path) -> None:
     """Write ``cfg`` as YAML that :func:`load_config` reads back equal (replaced atomically: a crash leaves the old file)."""
     path = Path(path)
