@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -395,8 +396,13 @@ def test_an_unprivileged_user_gets_the_same_isolation():
     }
     root = os.geteuid() == 0  # then switch to a uid no other test run uses; else we are the unprivileged user
     uid = 100_000 + os.getpid() % 100_000 if root else os.getuid()
+    # that uid reads sandbox.py and pyseccomp from a directory it may enter: a checkout or venv may be private (0700)
+    shared = tempfile.mkdtemp(prefix="turnrl-sandbox-")
+    os.chmod(shared, 0o755)
+    for module in (sandbox.__file__, pyseccomp.__file__):
+        os.chmod(shutil.copy(module, shared), 0o644)
     argv = [_interpreter_for(uid) if root else sys.executable, "-I", "-c", UNPRIVILEGED_RUNS,
-            sandbox.__file__, os.path.dirname(pyseccomp.__file__), json.dumps(programs)]
+            os.path.join(shared, os.path.basename(sandbox.__file__)), shared, json.dumps(programs)]
     as_user = {"user": uid, "group": uid, "extra_groups": []} if root else {}
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/", **as_user)
@@ -406,6 +412,7 @@ def test_an_unprivileged_user_gets_the_same_isolation():
             server.accept()  # nothing reached the host's server
     finally:
         server.close()
+        shutil.rmtree(shared)
     assert runs["who"]["stdout"] == f"{uid}\n" and {r["uid"] for r in runs.values()} == {uid}
     assert "FileNotFoundError" in runs["etc"]["stderr"] and "Read-only file system" in runs["write"]["stderr"]
     assert "ConnectionRefusedError" in runs["net"]["stderr"]
