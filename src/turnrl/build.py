@@ -31,6 +31,7 @@ from turnrl.envs import Env, make
 from turnrl.learner import Critic, CriticParams, Learner, LearnerParams
 from turnrl.models import frozen_copy, load_model, load_tokenizer
 from turnrl.models.lora import LoraError, add_lora, is_lora, load_lora, split_adapter_path, trainable_parameters
+from turnrl.monitor.card import write_model_card
 from turnrl.rollout import Collector
 
 
@@ -335,12 +336,15 @@ def seed_everything(seed: int) -> None:
 
 
 def save(c: Components, run_dir: Path, step: int, monitor_state: dict[str, Any]) -> Path:
-    """Checkpoint the weights, optimizer, engine, reward-shaper and monitor state (and the RNGs) at ``step``."""
+    """Checkpoint the weights, optimizer, engine, reward-shaper and monitor state (and the RNGs) at ``step``, with its
+    model card (``README.md``, :mod:`turnrl.monitor.card`)."""
     state = {"learner": c.learner.state_dict(), "engine": c.engine.state_dict(), "monitor": monitor_state}
     if c.shaper is not None:
         state["reward_shaper"] = c.shaper.state_dict()
     with quiet_transformers():
-        return checkpoint.save_checkpoint(run_dir, step, c.model, c.tokenizer, state, keep=c.cfg.log.keep_checkpoints)
+        ckpt = checkpoint.save_checkpoint(run_dir, step, c.model, c.tokenizer, state, keep=c.cfg.log.keep_checkpoints)
+    write_model_card(ckpt, c.cfg)
+    return ckpt
 
 
 def restore(c: Components, ckpt: Path, rng: bool = False) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`turnrl train | eval | play | watch | report | envs | completion`: argument parsing, printing, exit codes.
+"""`turnrl train | eval | play | watch | report | envs | init | export | completion`: argument parsing, printing, exit codes.
 
 `train` and `eval` call :mod:`turnrl.api`, the functions Python code calls (``turnrl.train``, ``turnrl.evaluate``).
 """
@@ -188,11 +188,39 @@ def cmd_completion(args) -> int:
 
 def cmd_envs(args) -> int:
     from turnrl.envs import registered
+    from turnrl.envs.registry import discover
 
     envs = registered()
     width = max(len(k) for k in envs) if envs else 0
     for env_id, desc in sorted(envs.items()):
         print(f"{env_id:<{width}}  {desc}")
+    for problem in discover():  # installed env packages that could not be registered
+        print(f"warning: {problem}", file=sys.stderr)
+    return 0
+
+
+def cmd_init(args) -> int:
+    from turnrl.config import ConfigError
+    from turnrl.envs.scaffold import ScaffoldError, write_env_package
+
+    try:
+        root = write_env_package(args.name, args.dir)
+    except ScaffoldError as e:
+        raise ConfigError(str(e)) from None
+    print(f"wrote {root}; next: cd {root} && pip install -e . && pytest (then turnrl envs lists {args.name}-v0)")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from turnrl.config import ConfigError
+    from turnrl.monitor.export import export_trajectories
+
+    try:
+        done = export_trajectories(args.run, args.out)
+    except ImportError as e:  # pyarrow, in the export extra
+        raise ConfigError(str(e)) from None
+    print(f"exported {done.trajectories} trajectories ({done.turns} turns, a row each) to {done.path}\n"
+          f"load it: datasets.load_dataset(\"parquet\", data_files=\"{done.path.parent / '*.parquet'}\")")
     return 0
 
 
@@ -234,6 +262,13 @@ A command's examples: turnrl COMMAND --help. From Python: turnrl.train(...), tur
     "envs": """examples:
   turnrl envs
   turnrl envs --import myenvs                    # with the envs that ./myenvs.py registers""",
+    "init": """examples:
+  turnrl init env number-walk                    # writes ./number-walk/: env class, tests, config, pyproject
+  turnrl init env grid-maze --dir ~/envs         # writes ~/envs/grid-maze/
+Then: cd number-walk && pip install -e . && pytest; `turnrl envs` lists number-walk-v0 (docs/envs.md).""",
+    "export": """examples:
+  turnrl export runs/NAME --out runs/NAME/dataset   # Parquet, one row per turn (docs/export.md)
+  turnrl export runs/NAME --out ds               # then in Python: datasets.load_dataset("ds")["train"]""",
     "completion": """examples:
   source <(turnrl completion bash)               # in this shell
   turnrl completion bash > ~/.local/share/bash-completion/completions/turnrl
@@ -307,6 +342,17 @@ def _parser() -> argparse.ArgumentParser:
     p = _command(sub, "envs", "list registered environments")
     _add_import_arg(p)
     p.set_defaults(fn=cmd_envs)
+
+    p = _command(sub, "init", "write a new env package that installs with pip and passes its own tests (docs/envs.md)")
+    p.add_argument("kind", choices=["env"], help="what to create: env, a package declaring a turnrl.envs entry point")
+    p.add_argument("name", help="the env's name, e.g. number-walk: package number-walk, env id number-walk-v0")
+    p.add_argument("--dir", default=".", help="the directory to create NAME/ in (default: the current one)")
+    p.set_defaults(fn=cmd_init)
+
+    p = _command(sub, "export", "write a run's trajectories as a Hugging Face dataset (Parquet, one row per turn)")
+    p.add_argument("run", help="a run directory")
+    p.add_argument("--out", required=True, help="the dataset directory to create (must not exist, or be empty)")
+    p.set_defaults(fn=cmd_export)
 
     p = _command(sub, "completion", "print a shell completion script (subcommands, options, config keys)")
     p.add_argument("shell", choices=SHELLS, help="the shell to complete in")

@@ -10,6 +10,11 @@ An unregistered env class can be made by its location, ``make("mypkg.envs:Guess"
 ``module:Class`` id builds that class with no registered defaults (the module must be importable: installed,
 in the current directory when run by the ``turnrl`` command, or on ``PYTHONPATH``).
 
+Installed distributions add envs through the ``turnrl.envs`` entry-point group (:func:`discover`), read with
+:mod:`importlib.metadata` the first time the registry is listed or an id is looked up: each entry point's name is
+an env id and its value the ``"module:Class"`` that builds it, so ``pip install my-env`` makes ``make("my-env-v0")``
+work without importing anything until then. ``turnrl init env NAME`` writes such a package.
+
 ``make`` builds the env from its entry point with the keyword arguments over the registered defaults, and
 wraps it with the standard wrappers, configured by the keywords that belong to them (the rest go to the
 env's constructor), innermost first:
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.metadata
 import inspect
 import re
 from collections.abc import Callable
@@ -37,6 +43,7 @@ DEFAULT_MAX_TURNS = 16
 WRAPPER_KWARGS = ("max_turns", "invalid_penalty", "progress_reward")
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*-v\d+$")
 _ENTRY_POINT = re.compile(r"^[\w.]+:\w+$")
+ENTRY_POINT_GROUP = "turnrl.envs"
 
 
 class UnknownEnvError(KeyError):
@@ -58,13 +65,34 @@ class EnvSpec:
     entry_point: str | Callable[..., Env]
     description: str = ""
     kwargs: dict[str, Any] = field(default_factory=dict)
+    distribution: importlib.metadata.Distribution | None = None  # the installed package declaring it (entry points)
 
     def load(self) -> Callable[..., Env]:
         """The env class (or factory), importing its module on first use.
 
         Raises :class:`EnvLoadError` when the module is not importable or lacks the class; errors raised by the
-        module's own code while it is imported propagate unchanged.
+        module's own code while it is imported propagate unchanged, except for an env an installed distribution
+        declares, where any error is an :class:`EnvLoadError` naming the distribution and the fix.
         """
+        if self.distribution is not None:
+            return self._load_declared(self.distribution)
+        return self._import()
+
+    def _load_declared(self, dist: importlib.metadata.Distribution) -> Callable[..., Env]:
+        """The class an installed distribution's entry point names; any failure is one line naming the distribution."""
+        module, _, attr = str(self.entry_point).partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except Exception as e:  # noqa: BLE001 - a broken package, whatever its code raised
+            name = dist.metadata["Name"]
+            reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+            raise EnvLoadError(
+                f"env '{self.env_id}' of the installed distribution {_named(dist)} does not load: '{self.entry_point}' "
+                f"raised {reason}. Fix: reinstall it (pip install --force-reinstall {name}), correct its "
+                f"[project.entry-points.\"{ENTRY_POINT_GROUP}\"] in pyproject.toml, or uninstall it (pip uninstall {name})"
+            ) from e
+
+    def _import(self) -> Callable[..., Env]:
         if callable(self.entry_point):
             return self.entry_point
         name, _, attr = self.entry_point.partition(":")
@@ -87,6 +115,7 @@ class EnvSpec:
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
+_PROBLEMS: list[str] | None = None  # what the last discover() could not register; None before the first
 
 
 def register(env_id: str, entry_point: str | Callable[..., Env], *, description: str = "", **default_kwargs: Any) -> None:
@@ -104,25 +133,72 @@ def register(env_id: str, entry_point: str | Callable[..., Env], *, description:
     _REGISTRY[env_id] = EnvSpec(env_id, entry_point, description, dict(default_kwargs))
 
 
+def discover() -> list[str]:
+    """Register the envs of installed distributions (the ``turnrl.envs`` entry-point group); returns one line per
+    entry point that could not be registered, naming its distribution and the fix.
+
+    An entry point ``"my-env-v0" = "my_env.env:MyEnv"`` registers ``my-env-v0`` lazily (nothing is imported before
+    ``make``), described by the distribution's summary. A malformed name or value, or an id taken by another env, is
+    skipped and reported; the other envs are unaffected. :func:`registered` and :func:`spec` call this once, on
+    first use; call it again to see distributions installed since (it re-registers nothing).
+    """
+    global _PROBLEMS
+    _PROBLEMS = []
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        known = _REGISTRY.get(ep.name)
+        if known is not None and known.distribution is not None and _named(known.distribution) == _named(ep.dist):
+            continue  # registered by an earlier discover()
+        try:
+            register(ep.name, ep.value, description=_summary(ep.dist))
+        except ValueError as e:
+            name = ep.dist.metadata["Name"]
+            _PROBLEMS.append(
+                f"the installed distribution {_named(ep.dist)} declares the env {ep.name} = {ep.value}, skipped: {e}. Fix: "
+                f"correct its [project.entry-points.\"{ENTRY_POINT_GROUP}\"] in pyproject.toml and reinstall it, or "
+                f"uninstall it (pip uninstall {name})")
+            continue
+        _REGISTRY[ep.name].distribution = ep.dist
+    return list(_PROBLEMS)
+
+
+def _discovered() -> list[str]:
+    """The problems of the first :func:`discover`, running it if it has not run."""
+    return list(_PROBLEMS) if _PROBLEMS is not None else discover()
+
+
+def _named(dist: importlib.metadata.Distribution) -> str:
+    return f"'{dist.metadata['Name']}' {dist.version}"
+
+
+def _summary(dist: importlib.metadata.Distribution) -> str:
+    summary = dist.metadata["Summary"] or "no description"
+    return f"{summary} (installed package {dist.metadata['Name']} {dist.version})"
+
+
 def registered() -> dict[str, str]:
-    """Every registered id (sorted) with its one-line description."""
+    """Every registered id (sorted) with its one-line description, installed distributions' envs included."""
+    _discovered()
     return {env_id: s.description for env_id, s in sorted(_REGISTRY.items())}
 
 
 def spec(env_id: str) -> EnvSpec:
     """The registration of ``env_id`` (a ``module:Class`` id: an unregistered spec of that class).
 
-    Raises :class:`UnknownEnvError`, naming the closest id, listing the registered ones and saying how to add one.
+    Raises :class:`UnknownEnvError`, naming the closest id, listing the registered ones and saying how to add one
+    (and which installed env packages could not be registered, if any).
     """
+    problems = _discovered()
     if env_id in _REGISTRY:
         return _REGISTRY[env_id]
     if _ENTRY_POINT.match(env_id):
         return EnvSpec(env_id, env_id, f"{env_id} (not registered)")
     close = difflib.get_close_matches(env_id, list(_REGISTRY), n=1, cutoff=0.4)
     hint = f" Did you mean '{close[0]}'?" if close else ""
+    skipped = "".join(f" Not registered: {p}" for p in problems)
     raise UnknownEnvError(
         f"unknown env id '{env_id}'.{hint} Registered: {', '.join(sorted(_REGISTRY))}. For your own env, call "
-        "register('name-v0', 'package.module:Class') in a module you import, or use the id 'package.module:Class'"
+        "register('name-v0', 'package.module:Class') in a module you import, use the id 'package.module:Class', or "
+        f"install a package declaring it (turnrl init env NAME writes one).{skipped}"
     )
 
 
