@@ -26,7 +26,7 @@ def _front_matter(text: str) -> dict:
     return yaml.safe_load(text.split("---\n")[1])
 
 
-def test_the_export_loads_back_with_datasets_and_matches_the_records(run_dir, tmp_path):
+def test_the_export_loads_back_with_datasets_and_matches_the_records(run_dir, tmp_path, tokenizer):
     exported = export_trajectories(run_dir, tmp_path / "ds")
     cache = str(tmp_path / "hf-cache")  # datasets caches a local directory by its name: never read another test's rows
     ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "ds" / "data" / "*.parquet"), cache_dir=cache)["train"]
@@ -39,6 +39,7 @@ def test_the_export_loads_back_with_datasets_and_matches_the_records(run_dir, tm
         assert (row["step"], row["trajectory"], row["turn"], row["seed"]) == (rec["step"], rec["index"], j, rec["seed"])
         assert row["task_key"] == keys[(rec["step"], rec["seed"])] is not None
         assert row["response_ids"] == turn["response_ids"] and row["logprobs"] == turn["logprobs"]
+        assert row["prompt_ids"] == turn["prompt_ids"] and row["observation"] in tokenizer.decode(row["prompt_ids"])
         assert row["loss_mask"] == turn["loss_mask"] and row["token_advantages"] == turn["token_advantages"]
         assert len(row["response_ids"]) == len(row["logprobs"]) == len(row["loss_mask"]) == len(row["token_advantages"])
         assert (row["advantage"], row["reward"], row["trajectory_reward"]) == (turn["advantage"], turn["reward"], rec["reward"])

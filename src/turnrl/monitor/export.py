@@ -8,7 +8,7 @@ each of its rows. Columns: docs/export.md.
 
 What is exported is what the run recorded in ``trajectories.jsonl``: the first ``log.sample_trajectories``
 trajectories of each step (docs/metrics.md), with the task key of each from ``task_keys.jsonl``. Prompts are their
-observation text: the records keep no prompt token ids. Demonstrations are not exported (turnrl records none yet).
+observation text and their exact ``prompt_ids`` (null in runs recorded before the records kept them). Demonstrations are not exported (turnrl records none yet).
 
 Needs ``pyarrow`` (``pip install 'turnrl[export]'``, which brings ``datasets`` to load the result).
 """
@@ -70,7 +70,7 @@ def turn_rows(records: list[dict[str, Any]], keys: dict[tuple[int, int], str | N
         for j, t in enumerate(rec["turns"]):
             rows.append({
                 **trajectory, "turn": j, "observation": t["observation"], "response": t["response"],
-                "response_ids": t["response_ids"], "logprobs": t["logprobs"], "loss_mask": t.get("loss_mask"),
+                "prompt_ids": t.get("prompt_ids"), "response_ids": t["response_ids"], "logprobs": t["logprobs"], "loss_mask": t.get("loss_mask"),
                 "token_advantages": t["token_advantages"], "advantage": t["advantage"], "masked_by": t.get("masked_by"),
                 "reward": t["reward"], "reward_components": t["reward_components"], "actions": t["actions"],
                 "valid": t["valid"], "finish_reason": t["finish_reason"],
@@ -91,7 +91,7 @@ def _schema(pa, components: list[str]):
         ("run", text), ("step", integer), ("trajectory", integer), ("turn", integer), ("group_index", integer),
         ("env_id", text), ("seed", integer), ("task_key", text), ("success", pa.bool_()), ("termination", text),
         ("error", text), ("trajectory_reward", real), ("observation", text), ("response", text),
-        ("response_ids", pa.list_(integer)), ("logprobs", pa.list_(real)), ("loss_mask", pa.list_(pa.int8())),
+        ("prompt_ids", pa.list_(integer)), ("response_ids", pa.list_(integer)), ("logprobs", pa.list_(real)), ("loss_mask", pa.list_(pa.int8())),
         ("token_advantages", pa.list_(real)), ("advantage", real), ("masked_by", text), ("reward", real),
         ("actions", pa.list_(text)), ("valid", pa.bool_()), ("finish_reason", text),
     ]

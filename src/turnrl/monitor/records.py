@@ -17,7 +17,8 @@ def write_trajectories(run_dir: Path, step: int, groups: list[TrajectoryGroup], 
                        limit: int, samples: list[TrainSample] | None = None, algo: AlgoConfig | None = None) -> None:
     """Append the step's first ``limit`` trajectories to ``trajectories.jsonl``.
 
-    Each turn carries its tokens, behaviour logprobs, the turn advantage, and per response token:
+    Each turn carries its prompt ids (the whole prompt under ``per_step``; under ``full`` the ids new since the
+    previous response, so a trajectory's conversation is its turns' prompt and response ids in order), its tokens, behaviour logprobs, the turn advantage, and per response token:
     ``token_advantages`` (what the learner gives each token) and ``loss_mask`` (1 when the token's
     policy-gradient term is trained: it is in a sample handed to the learner and no filter zeroed its
     advantage). ``masked_by`` names why a turn is not trained (``env_error``, ``group_filter``, ``overlong``,
@@ -52,6 +53,7 @@ def write_trajectories(run_dir: Path, step: int, groups: list[TrajectoryGroup], 
             n = len(t.response_ids)
             row = {
                 "observation": t.observation,
+                "prompt_ids": t.prompt_ids,
                 "response": t.response_text,
                 "response_tokens": tokenizer.convert_ids_to_tokens(t.response_ids),
                 "response_ids": t.response_ids,
