@@ -1,0 +1,31 @@
+"""The ``scale`` config section: past one process (``docs/scale.md``). The defaults keep the single-process path."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from turnrl.config.section import Section
+
+
+class ScaleConfig(Section):
+    workers: int = Field(
+        0, ge=0, description="rollout workers as Ray actors, each with its own envs and engine (pip install "
+        "'turnrl[scale]'); 0 = collect in the training process"
+    )
+    learner_ranks: int = Field(
+        1, ge=1, description="data-parallel learner ranks (torch.distributed on gloo, one gradient all-reduce), each taking a contiguous share "
+        "of the micro-batches; 1 = update in the training process"
+    )
+    sync_timeout_s: float = Field(
+        120.0, gt=0.0, description="seconds a weight sync to the rollout workers, or a learner all-reduce, may take "
+        "before the run stops with an error"
+    )
+    async_mode: bool = Field(
+        False, description="generate the next steps' batches in a background thread while the learner updates "
+        "(turnrl.scale.async_rollout); turns keep the weight version that sampled them; pair with algo.is_correction"
+    )
+    max_staleness: int = Field(
+        1, ge=0, description="async mode: the most weight updates a trained turn may lag the learner by; the producer "
+        "runs at most this many steps ahead and groups holding an older turn are dropped (rollout/stale_dropped); "
+        "0 = no overlap"
+    )

@@ -1,0 +1,239 @@
+"""A data-parallel learner over torch.distributed ranks (gloo on CPU), exact to the single-process gradient.
+
+:class:`~turnrl.learner.Learner` already normalises every micro-batch's loss by the whole batch's token and sequence
+counts, so the batch gradient is the *sum* of the micro-batch gradients. Here rank ``r`` of ``N`` runs the ``r``-th
+contiguous block of the same split's micro-batches, and one all-reduce (SUM) of the flattened gradient gives rank 0
+the single-process gradient: it does not depend on ``N`` (up to float summation order; contiguous blocks keep the
+single process's order of accumulation within each rank). This is DDP's gradient
+all-reduce, done explicitly rather than through ``DistributedDataParallel``: DDP averages (it would need the loss
+scaled by ``N``) and needs the same number of backward passes on every rank, while a batch's micro-batches rarely
+divide evenly.
+
+Rank 0 is the training process and the only one that steps the optimizer (clip, AdamW, schedule), so checkpoints,
+resume and rollback stay as they are; before each update (and after each PPO epoch but the last) it broadcasts the
+trainable weights, so the other ranks always compute with the current ones. The other ranks are processes spawned
+here (``torch.multiprocessing``, spawn start method) on one machine; each gets its own copy of the model. Every
+collective on rank 0 is bounded by ``scale.sync_timeout_s`` (the process group's timeout): a stuck or dead rank
+stops the run with a :class:`~turnrl.scale.ScaleError` instead of hanging.
+
+Not supported yet (refused with a clear error): a learned critic (``algo.critic``), whose value loss every rank would
+add again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import pickle
+import socket
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from turnrl.config import ConfigError
+from turnrl.learner import Learner, LearnerParams
+from turnrl.learner.samples import micro_batches
+from turnrl.scale import ScaleError
+from turnrl.types import TrainSample
+
+WAIT_FOR_WORK = datetime.timedelta(days=7)  # how long a helper rank waits for the next batch (rollouts come between)
+STARTUP = datetime.timedelta(minutes=10)  # how long rank 0 waits for the helper ranks to start and join
+STOP, WORK = 0, 1  # what rank 0 tells the helper ranks before each update and at the end
+
+
+class DataParallelLearner(Learner):
+    """A :class:`~turnrl.learner.Learner` that is rank ``rank`` of ``world`` and shares each update's micro-batches.
+
+    Build the training process's one with :meth:`spawn`; :func:`_serve` runs the others.
+    """
+
+    def __init__(self, model, params: LearnerParams, pad_id: int, ref_model=None, *, rank: int, world: int,
+                 groups: Groups, timeout_s: float) -> None:
+        super().__init__(model, params, pad_id, ref_model=ref_model)
+        self.rank, self.world = rank, world
+        self.groups = groups
+        self.timeout_s = timeout_s
+        self._helpers: list[Any] = []
+        self._micro_batch = 0  # index of the next micro-batch in this update's split
+        self._mine = range(0)  # the indices of this rank's share: one contiguous block
+        self._epoch = 0
+        self._broken = False  # a collective failed: the group is unusable, close() only stops the helpers
+
+    @classmethod
+    def spawn(cls, ranks: int, timeout_s: float, model, params: LearnerParams, pad_id: int, ref_model=None,
+              critic=None) -> "DataParallelLearner":
+        """Start ``ranks - 1`` helper processes, join them in a gloo group, and return rank 0 (this process)."""
+        if critic is not None:
+            raise ConfigError("scale.learner_ranks > 1 does not support a learned critic (algo.critic) yet: every rank "
+                              "would add the value loss; set scale.learner_ranks=1 or algo.critic=none")
+        if ranks < 2:
+            raise ValueError(f"a data-parallel learner needs at least 2 ranks, got {ranks}")
+        address = f"tcp://127.0.0.1:{_free_port()}"
+        blob = pickle.dumps((model, params, pad_id, ref_model))  # a copy each: a rank never shares our storages
+        ctx = mp.get_context("spawn")
+        helpers = [ctx.Process(target=_serve, args=(r, ranks, address, timeout_s, blob), daemon=True)
+                   for r in range(1, ranks)]
+        for p in helpers:
+            p.start()
+        try:
+            groups = _join(0, ranks, address, timeout_s)
+        except (RuntimeError, dist.DistError) as e:
+            for p in helpers:
+                p.kill()
+            raise ScaleError(f"the {ranks - 1} learner rank(s) did not start within {STARTUP.total_seconds():g} s "
+                             f"({type(e).__name__}); check memory and that the model pickles") from None
+        learner = cls(model, params, pad_id, ref_model, rank=0, world=ranks, groups=groups, timeout_s=timeout_s)
+        learner._helpers = helpers
+        atexit.register(learner.close)
+        return learner
+
+    def update(self, samples: Sequence[TrainSample], value_batch=None, demos: Sequence[TrainSample] = ()) -> dict[str, float]:
+        """One update across all ranks (rank 0: sends the batch first); the same metrics as the single process.
+
+        ``demos`` (``algo.demo_coef``) are rank 0's alone: their NLL gradient enters the SUM all-reduce once, so the
+        step equals the single process's (not split across ranks: demonstration batches are small)."""
+        if self.rank == 0:
+            with self._bounded("sending the batch to the learner ranks"):
+                _signal(self.groups.commands, WORK)
+                dist.broadcast_object_list([list(samples)], src=0, group=self.groups.bounded)
+        with self._bounded("broadcasting the weights to the learner ranks"):
+            self._broadcast_weights()
+        count = len(micro_batches(samples, self.params.micro_batch_tokens))  # the split Learner.update makes
+        self._mine = range(self.rank * count // self.world, (self.rank + 1) * count // self.world)
+        self._micro_batch, self._epoch = 0, 0
+        return super().update(samples, value_batch, demos)
+
+    def _policy_backward(self, batch, num_tokens: float, num_seqs: float, stats) -> None:
+        if self._micro_batch in self._mine:
+            super()._policy_backward(batch, num_tokens, num_seqs, stats)
+        self._micro_batch += 1
+
+    def _step(self, stats) -> float:
+        """Sum the gradients and statistics over the ranks; rank 0 steps, then sends the weights for the next epoch."""
+        with self._bounded("the gradient all-reduce"):
+            _all_reduce_grads(self._trainable(), self.groups.bounded)
+            _merge_stats(stats, self.world, self.groups.bounded)
+        self._epoch += 1
+        self._micro_batch = 0
+        norm = super()._step(stats) if self.rank == 0 else 0.0
+        if self._epoch < self.params.ppo_epochs:
+            with self._bounded("broadcasting the weights to the learner ranks"):
+                self._broadcast_weights()
+        return norm
+
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def _broadcast_weights(self) -> None:
+        params = self._trainable()
+        with torch.no_grad():
+            flat = torch.cat([p.detach().reshape(-1).float() for p in params])
+            dist.broadcast(flat, src=0, group=self.groups.bounded)
+            if self.rank != 0:
+                _unflatten_into(flat, params, grads=False)
+
+    @contextlib.contextmanager
+    def _bounded(self, what: str) -> Iterator[None]:
+        """Turn a collective's timeout or a dead peer into a :class:`ScaleError` naming ``scale.sync_timeout_s``."""
+        try:
+            yield
+        except (RuntimeError, dist.DistError) as e:
+            self._broken = True
+            raise ScaleError(f"{what} did not complete within scale.sync_timeout_s={self.timeout_s:g} s or a rank died "
+                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): a learner rank is stuck or "
+                             "gone; raise scale.sync_timeout_s if updates are that slow, else restart the run (--resume)") from None
+
+    def close(self) -> None:
+        """Stop the helper ranks and leave the process group (rank 0). Safe to call twice."""
+        if self.rank != 0 or not dist.is_initialized():
+            return
+        if not self._broken:
+            with contextlib.suppress(RuntimeError, dist.DistError):
+                _signal(self.groups.commands, STOP)
+        for p in self._helpers:
+            p.join(timeout=0 if self._broken else 10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        with contextlib.suppress(RuntimeError, dist.DistError):
+            dist.destroy_process_group()
+
+
+def _serve(rank: int, world: int, address: str, timeout_s: float, blob: bytes) -> None:
+    """A helper rank's life: join the group, then run each batch rank 0 sends until it sends None."""
+    torch.set_num_threads(1)
+    model, params, pad_id, ref_model = pickle.loads(blob)
+    groups = _join(rank, world, address, timeout_s)
+    learner = DataParallelLearner(model, params, pad_id, ref_model, rank=rank, world=world, groups=groups,
+                                  timeout_s=timeout_s)
+    while _signal(groups.commands) == WORK:
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0, group=groups.bounded)
+        learner.update(box[0])
+    dist.destroy_process_group()
+
+
+def _signal(group, value: int = 0) -> int:
+    """Broadcast one int from rank 0 over ``group`` (rank 0 sends ``value``); returns it."""
+    flag = torch.tensor([value])
+    dist.broadcast(flag, src=0, group=group)
+    return int(flag)
+
+
+class Groups(NamedTuple):
+    """The gloo groups of all ranks: ``commands`` tells helper ranks to work or stop (they wait on it between
+    updates, while rank 0 collects rollouts: a timeout is local to a process, so only theirs is long); ``bounded``
+    carries the batch, weights, gradients and statistics. On rank 0 every collective times out after
+    ``scale.sync_timeout_s``."""
+
+    commands: Any
+    bounded: Any
+
+
+def _join(rank: int, world: int, address: str, timeout_s: float) -> Groups:
+    """Join the ranks (waiting up to :data:`STARTUP` for all of them to start) and make their :class:`Groups`."""
+    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world, timeout=STARTUP)
+    bounded = datetime.timedelta(seconds=timeout_s)
+    return Groups(dist.new_group(backend="gloo", timeout=bounded if rank == 0 else WAIT_FOR_WORK),
+                  dist.new_group(backend="gloo", timeout=bounded))
+
+
+def _all_reduce_grads(params: list[torch.nn.Parameter], group) -> None:
+    """Sum every parameter's gradient over the ranks (a rank without one contributes zeros), in one flat tensor."""
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    _unflatten_into(flat, params, grads=True)
+
+
+def _unflatten_into(flat: torch.Tensor, params: list[torch.nn.Parameter], grads: bool) -> None:
+    offset = 0
+    for p in params:
+        n = p.numel()
+        part = flat[offset : offset + n].view_as(p).to(p.dtype)
+        if grads:
+            p.grad = part.clone()
+        else:
+            p.data.copy_(part)
+        offset += n
+
+
+def _merge_stats(stats, world: int, group) -> None:
+    """Sum the ranks' token-weighted statistics and fold their extremes (``learner._Sums.extreme``: min for ``*_min``)."""
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, (stats.sums, stats.maxima), group=group)
+    stats.sums, stats.maxima = {}, {}
+    for sums, maxima in gathered:
+        for k, v in sums.items():
+            stats.add(k, v)
+        for k, v in maxima.items():
+            stats.extreme(k, v)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
