@@ -1,0 +1,175 @@
+"""Memory actions (turnrl.agent.memory) and the budgeted context (turnrl.agent.context): the actions never reach the
+env, the context drops the oldest turns exactly past its budget and a summary replaces them, and every turn's
+prompt_ids are exactly what the engine was given."""
+
+import re
+
+import pytest
+
+from turnrl.agent import ChatRenderer, ContextSpec, EpisodeContext
+from turnrl.agent.memory import MemoryActions
+from turnrl.build import with_memory
+from turnrl.config import Config, ConfigError
+from turnrl.engines.base import Completion, SamplingParams
+from turnrl.envs import make
+from turnrl.envs.base import Env
+from turnrl.envs.wrappers import EpisodeStatistics, TurnLimit
+from turnrl.learner import build_samples
+from turnrl.monitor.records import write_trajectories
+from turnrl.monitor.report import load_report_data
+from turnrl.rollout import Collector
+from turnrl.types import Advantages, Termination
+
+
+class Recorder(Env):
+    """Records every text it is stepped with; each step is valid, pays 1 and says which step it was."""
+
+    instructions = "Say anything."
+
+    def reset(self, *, seed=None, options=None):
+        self.seen = []
+        return "start", {}
+
+    def step(self, action_text):
+        self.seen.append(action_text)
+        info = {"actions": [action_text], "valid": True, "success": False, "reward_components": {"outcome": 1.0}}
+        return f"step {len(self.seen)}", 1.0, False, False, info
+
+
+def memory_env(max_turns=3, **kwargs):
+    inner = Recorder()
+    return inner, MemoryActions(EpisodeStatistics(TurnLimit(inner, max_turns)), **kwargs)
+
+
+def test_memory_actions_never_reach_the_env_nor_its_turn_limit_or_reward():
+    inner, env = memory_env(max_turns=2)
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step("note: the code is blue")
+    assert (reward, terminated, truncated, info["memory"], info["valid"]) == (0.0, False, False, "note", True)
+    assert obs == "Noted (1 notes).\nstart"  # the feedback, then the env's latest observation
+    env.step("move")
+    obs, *_ , info = env.step("recall")
+    assert obs == "Your notes: the code is blue.\nstep 1" and info["memory"] == "recall"
+    obs, *_, info = env.step("compress: code blue, one step done")
+    assert info["memory"] == "compress" and obs.endswith("step 1")
+    _, reward, terminated, truncated, info = env.step("move again")  # the env's second turn: its limit, not the fifth
+    assert inner.seen == ["move", "move again"] and truncated and reward == 1.0
+    assert info["episode"]["length"] == 2 and info["episode"]["return"] == 2.0
+
+
+def test_an_empty_note_is_an_invalid_memory_turn_and_used_up_actions_go_to_the_env():
+    inner, env = memory_env(max_turns=9, max_actions=2)
+    env.reset(seed=0)
+    obs, _, _, _, info = env.step("note:")
+    assert not info["valid"] and info["memory"] == "note" and obs.startswith("Nothing to note")
+    env.step("Recall")
+    _, _, _, _, info = env.step("note: third")  # past max_actions: an ordinary response
+    assert inner.seen == ["note: third"] and "memory" not in info
+    env.reset(seed=1)  # a new episode starts with no notes and a fresh allowance
+    assert env.step("recall")[0] == "Your notes: none yet.\nstart"
+
+
+def test_only_enabled_actions_are_answered_and_listed_in_the_instructions():
+    inner, env = memory_env(actions=("note",))
+    env.reset(seed=0)
+    env.step("recall")
+    assert inner.seen == ["recall"]
+    assert "note: TEXT" in env.instructions and "compress" not in env.instructions
+    with pytest.raises(ValueError, match="subset"):
+        MemoryActions(Recorder(), actions=("remember",))
+
+
+def test_compress_needs_the_budgeted_context():
+    with pytest.raises(ConfigError, match="rollout.context=budgeted"):
+        with_memory(Config(memory={"actions": ["compress"]}), Recorder)
+    cfg = Config(memory={"actions": ["note", "compress"]}, rollout={"context": "budgeted", "budget_tokens": 256})
+    assert isinstance(with_memory(cfg, Recorder)(), MemoryActions)
+    with pytest.raises(ValueError, match="budget_tokens"):
+        ContextSpec(strategy="budgeted")
+
+
+def _no_line(renderer, ctx):
+    return len(renderer.per_step_prompt(ctx.observation, ctx._shown()))
+
+
+def test_the_budgeted_context_drops_the_oldest_turns_exactly_past_the_budget(tokenizer):
+    renderer = ChatRenderer(tokenizer, "Walk.")
+    spec = ContextSpec(strategy="budgeted", budget_tokens=120, max_context_tokens=512)
+    ctx = EpisodeContext(spec, renderer, "room 0 " + "dust " * 5)
+    firsts = []
+    for t in range(1, 9):
+        ctx.advance([1], f"move {t}", f"room {t} " + "dust " * 5, None)
+        size = _no_line(renderer, ctx)
+        assert size <= 120 and ctx.budget_left == 120 - size
+        if ctx.first:  # the last exchange dropped would not have fitted
+            ctx.first -= 1
+            assert _no_line(renderer, ctx) > 120
+            ctx.first += 1
+        firsts.append(ctx.first)
+        line = f"[context: {120 - size} of 120 tokens left]"
+        assert ctx.prompt() == renderer.per_step_prompt(f"{ctx.observation}\n{line}", ctx.history[ctx.first :])
+    assert firsts == sorted(firsts) and 0 < firsts[-1] < 8  # the oldest go first, and a dropped turn never returns
+    assert ctx.record() == {"context": {"summary": None, "first": firsts[-1], "budget_left": ctx.budget_left}}
+
+
+def test_a_compress_summary_replaces_the_earlier_turns_and_is_never_dropped(tokenizer):
+    renderer = ChatRenderer(tokenizer, "Walk.")
+    ctx = EpisodeContext(ContextSpec(strategy="budgeted", budget_tokens=120, max_context_tokens=512), renderer, "code blue")
+    ctx.advance([1], "Left", "room 1", None)
+    ctx.advance([1], "compress: code blue", "Earlier turns replaced by your summary.\nroom 1", None, summary=True)
+    text = tokenizer.decode(ctx.prompt())
+    assert "compress: code blue" in text and "(turns 1-2, replaced by your summary)" in text
+    assert "Left" not in text and "code blue" not in text.replace("compress: code blue", "")
+    for t in range(2, 12):
+        ctx.advance([1], f"move {t}", f"room {t} " + "dust " * 5, None)
+        assert "compress: code blue" in tokenizer.decode(ctx.prompt())
+    assert ctx.summary_turn == 1 and ctx.first > 3  # later turns were dropped, the summary stayed
+
+
+class ScriptedEngine:
+    """Plays one episode: answers its k-th prompt with ``script[k]``; records each prompt it was given."""
+
+    version = 0
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer, self.script, self.prompts = tokenizer, script, []
+
+    def generate(self, prompts, params):
+        (prompt,) = prompts
+        ids = self.tokenizer.encode(self.script[len(self.prompts)], add_special_tokens=False)
+        self.prompts.append(list(prompt))
+        return [Completion(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")]
+
+
+def test_a_memory_episode_records_exactly_the_prompts_the_engine_was_given(tokenizer, tmp_path):
+    env = make("keys-v0", rooms=3, max_turns=6)
+    env.reset(seed=5)
+    plan = env.solve()
+    script = ["note: " + plan[-1], plan[0], f"compress: code {plan[-1]}", *plan[1:-1], "recall", plan[-1]]
+    engine = ScriptedEngine(tokenizer, script)
+    cfg = Config(memory={"actions": ["note", "recall", "compress"]}, rollout={"context": "budgeted", "budget_tokens": 230})
+    spec = ContextSpec(strategy="budgeted", budget_tokens=230, max_context_tokens=1024)
+    collector = Collector(engine, tokenizer, with_memory(cfg, lambda: make("keys-v0", rooms=3, max_turns=6)), spec)
+    groups = collector.collect([5], 1, SamplingParams(max_new_tokens=16))
+    traj = groups[0].trajectories[0]
+
+    assert traj.success and traj.termination == Termination.TERMINATED and traj.num_turns == len(script)
+    assert [t.prompt_ids for t in traj.turns] == engine.prompts  # exactly what the engine conditioned on
+    samples = build_samples([traj], Advantages([[1.0] * traj.num_turns]))  # one per turn, the notes' ids trained
+    assert [s.input_ids for s in samples] == [t.prompt_ids + t.response_ids for t in traj.turns]
+    assert all(sum(s.loss_mask) == len(t.response_ids) for s, t in zip(samples, traj.turns))
+    assert [t.info.get("memory") for t in traj.turns] == ["note", None, "compress", None, None, "recall", None]
+    assert [t.reward for t in traj.turns if "memory" in t.info] == [0.0, 0.0, 0.0]
+    contexts = [t.info["context"] for t in traj.turns]
+    assert [c["summary"] for c in contexts] == [None, None, None, 2, 2, 2, 2]
+    assert any(c["first"] > (c["summary"] or 0) + 1 for c in contexts)  # the budget dropped turns after the summary
+    last = tokenizer.decode(engine.prompts[-1])
+    assert f"compress: code {plan[-1]}" in last and f"code colour is {plan[-1]}" not in last
+    assert f"Your notes: {plan[-1]}." in last  # recall showed the note
+    assert all(re.search(r"\[context: \d+ of 230 tokens left\]", tokenizer.decode(p)) for p in engine.prompts)
+
+    write_trajectories(tmp_path, 1, groups, Advantages([[0.0] * len(script)]), tokenizer, limit=1)
+    (tmp_path / "metrics.jsonl").write_text("")
+    shown = load_report_data(tmp_path).trajectories[0]["turns"]  # what the report's viewer marks
+    assert [t["memory"] for t in shown] == [t.info.get("memory") for t in traj.turns]
+    assert [t["context"] for t in shown] == contexts
