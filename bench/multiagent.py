@@ -1,0 +1,204 @@
+"""Multi-agent training: per-agent credit vs a shared team reward (relay-v0), and self-play against the base (nim-v0).
+
+Two measurements, each training the default model (SmolLM2-135M-Instruct) from scratch with the run's own loop
+(``turnrl.loop.train``), evaluated greedily on held-out tasks distinct by task key (``build.TaskSplit``):
+
+- **cooperative** (relay-v0, 3-digit codes): the same budget and training tasks under ``algo.estimator=counterfactual``
+  (per-agent credit: the team reward credited to the agent whose action mattered) and ``team_grpo`` (every agent gets
+  the shared team advantage). Success is the team's (both roles share it).
+- **self-play** (nim-v0 with ``multiagent.selfplay=true``): the learner plays one role per task against a pool of its
+  frozen past versions; evaluation plays every task against the base model, so its success is the win rate vs base.
+
+Every learning number stands beside, on the same held-out tasks: uniform random, the best simple fixed rule, the base
+model (each run's step-0 evaluation) and the oracle, with 95% Wilson intervals over the distinct tasks. The policies
+read only their own role's prompt (:class:`PolicyEngine`) and play through the same multi-agent collector as the
+model. Cooperative: random = random digits said and entered; rule = the best rule without messages (the listener
+enters a fixed code, :func:`~turnrl.envs.relay.no_message_rule`); oracle = say the code, enter what was said.
+Self-play (all against the base model): random = a uniform legal move; rule = one object from the largest heap;
+oracle = Bouton's nim-sum strategy.
+
+    python bench/multiagent.py --smoke     # end-to-end check: 1 step per arm, 1 task x 2 episodes, 4 eval tasks
+    python bench/multiagent.py             # full budget: 30 steps per arm, 4 tasks x 8 episodes, 32 eval tasks
+
+writes ``bench/results/multiagent.json`` with ``coop_per_agent``, ``coop_shared``, ``selfplay_winrate``,
+``selfplay_ci95``, ``distinct_eval_tasks`` and ``hier_steps_ratio`` (null: hierarchy is not built), plus every row.
+Run directories go to a temporary directory that is deleted (no checkpoints are kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from machine import write_result  # noqa: E402
+
+from turnrl.build import build, sampling_params  # noqa: E402
+from turnrl.config import Config  # noqa: E402
+from turnrl.engines.base import Completion, Engine, SamplingParams  # noqa: E402
+from turnrl.envs.nim import Nim, largest_heap_rule  # noqa: E402
+from turnrl.envs.relay import no_message_rule  # noqa: E402
+from turnrl.loop import train  # noqa: E402
+from turnrl.monitor.metrics import eval_metrics  # noqa: E402
+from turnrl.rollout.multiagent import MultiAgentCollector  # noqa: E402
+
+BUDGETS = {"smoke": dict(steps=1, tasks=1, group=2, eval_tasks=4), "full": dict(steps=30, tasks=4, group=8, eval_tasks=32)}
+DIGITS = 3
+Policy = Callable[[str], str]
+
+
+class PolicyEngine:
+    """An engine whose response to a prompt is ``policy(decoded prompt)``: a fixed rule that sees what the role sees."""
+
+    def __init__(self, tokenizer, policy: Policy) -> None:
+        self.tokenizer, self.policy, self.version = tokenizer, policy, 0
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        out = []
+        for p in prompts:
+            ids = self.tokenizer(self.policy(self.tokenizer.decode(p)), add_special_tokens=False)["input_ids"]
+            out.append(Completion(list(ids), [0.0] * len(ids), "stop"))
+        return out
+
+
+def _last(pattern: str, text: str) -> str | None:
+    """The first group of the last match of ``pattern`` in ``text`` (the newest observation, after the few-shot ones)."""
+    found = re.findall(pattern, text)
+    return found[-1] if found else None
+
+
+def relay_policies(rng: random.Random) -> dict[str, Policy]:
+    def role_of(prompt: str) -> str:
+        return "speaker" if "You are the speaker" in prompt else "listener"
+
+    def digits() -> str:
+        return "".join(str(rng.randrange(10)) for _ in range(DIGITS))
+
+    def oracle(prompt: str) -> str:
+        if role_of(prompt) == "speaker":
+            return "SAY " + str(_last(r"The secret code is (\d+)", prompt))
+        return "ENTER " + (_last(r"speaker: (\d+)", prompt) or "0")[:DIGITS]
+
+    return {
+        "random": lambda p: f"SAY {digits()}" if role_of(p) == "speaker" else f"ENTER {digits()}",
+        "rule": lambda p: "SAY hello" if role_of(p) == "speaker" else no_message_rule(DIGITS),
+        "oracle": oracle,
+    }
+
+
+def nim_policies(rng: random.Random) -> dict[str, Policy]:
+    def heaps(prompt: str) -> list[int]:
+        return [int(n) for n in re.findall(r"\d+:(\d+)", _last(r"Heaps: ([\d: ]+)", prompt) or "")]
+
+    def uniform(prompt: str) -> str:
+        h = heaps(prompt)
+        i = rng.choice([k for k, n in enumerate(h) if n])
+        return f"TAKE {rng.randint(1, h[i])} FROM {i + 1}"
+
+    def oracle(prompt: str) -> str:
+        env = Nim()
+        env.heaps = heaps(prompt)
+        return env.oracle("")
+
+    return {"random": uniform, "rule": lambda p: largest_heap_rule(heaps(p)), "oracle": oracle}
+
+
+def config(env_id: str, budget: dict[str, int], run_dir: str, overrides: dict[str, Any]) -> Config:
+    raw: dict[str, Any] = {
+        "env": {"id": env_id, "max_turns": 12, "progress_reward": 0.0, "invalid_penalty": 0.1},
+        "rollout": {"tasks_per_step": budget["tasks"], "group_size": budget["group"], "max_new_tokens": 10},
+        "train": {"steps": budget["steps"]},
+        "eval": {"num_tasks": budget["eval_tasks"], "every": max(1, budget["steps"] // 3)},
+        "log": {"run_dir": run_dir, "checkpoint_at_end": False, "checkpoint_every": 0},
+    }
+    for section, values in overrides.items():
+        raw.setdefault(section, {}).update(values)
+    return Config.model_validate(raw)
+
+
+def row(metrics: dict[str, float]) -> dict[str, Any]:
+    return {"success": metrics["eval/success_rate"], "ci95": [metrics["eval/success_ci_low"], metrics["eval/success_ci_high"]],
+            "distinct_tasks": int(metrics["eval/distinct_tasks"])}
+
+
+def trained(cfg: Config) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, float]], Any]:
+    """Train ``cfg``; returns the base (step 0) and final evaluation rows, every logged row, and the components."""
+    c = build(cfg)
+    t0 = time.perf_counter()
+    run = train(cfg, components=c)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval/success_rate" in r]
+    print(f"  trained {cfg.env.id} {cfg.algo.estimator}{' self-play' if cfg.multiagent.selfplay else ''} in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    return row(evals[0]), row(evals[-1]), rows, c
+
+
+def baselines(c: Any, policies: dict[str, Policy], against_base: bool) -> dict[str, dict[str, Any]]:
+    """Each policy on the run's held-out tasks through the multi-agent collector; ``against_base``: it plays the
+    learner's role and the base model (``c.selfplay``'s) every other one."""
+    seeds = [t.seed for t in c.tasks.eval_tasks]
+    lineup = c.selfplay.against_base() if against_base else None
+    out = {}
+    for name, policy in policies.items():
+        engine: Engine = PolicyEngine(c.tokenizer, policy)  # type: ignore[assignment]
+        collector = MultiAgentCollector(engine, c.tokenizer, c.collector.env_factory, c.collector.context, lineup=lineup)
+        t0 = time.perf_counter()
+        groups = collector.collect(seeds, 1, sampling_params(c.cfg, greedy=True), env_id=c.cfg.env.id)
+        out[name] = row(eval_metrics(groups, time.perf_counter() - t0))
+    return out
+
+
+def cell(r: dict[str, Any]) -> str:
+    return f"{r['success']:.3f} [{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="the reduced budget (an end-to-end check, not a measurement)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    budget = BUDGETS["smoke" if args.smoke else "full"]
+    rng = random.Random(0)
+    threads = {"train": {"threads": args.threads}} if args.threads else {}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        coop: dict[str, Any] = {}
+        for arm, estimator in (("per_agent", "counterfactual"), ("shared", "team_grpo")):
+            cfg = config("relay-v0", budget, tmp, {"algo": {"estimator": estimator}, **threads})
+            coop["base"], coop[arm], _, c = trained(cfg)
+        coop.update(baselines(c, relay_policies(rng), against_base=False))
+        cfg = config("nim-v0", budget, tmp, {"multiagent": {"selfplay": True, "pool_size": 2}, **threads})
+        selfplay: dict[str, Any] = {}
+        selfplay["base"], selfplay["trained"], curve, c = trained(cfg)
+        selfplay["elo"] = {k: v for k, v in curve[-1].items() if k.startswith("selfplay/elo")}
+        selfplay.update(baselines(c, nim_policies(rng), against_base=True))
+    print(f"\nrelay-v0, team success on {coop['base']['distinct_tasks']} held-out tasks ({budget}):")
+    for name in ("random", "rule", "base", "per_agent", "shared", "oracle"):
+        print(f"  {name:10s} {cell(coop[name])}")
+    print(f"nim-v0, win rate against the base model on {selfplay['base']['distinct_tasks']} held-out tasks:")
+    for name in ("random", "rule", "base", "trained", "oracle"):
+        print(f"  {name:10s} {cell(selfplay[name])}")
+    print(f"  Elo after training: {json.dumps({k: round(v, 1) for k, v in selfplay['elo'].items()})}")
+    path = write_result("multiagent", {
+        "budget": "smoke" if args.smoke else "full", **budget,
+        "coop_per_agent": coop["per_agent"]["success"], "coop_shared": coop["shared"]["success"],
+        "selfplay_winrate": selfplay["trained"]["success"], "selfplay_ci95": selfplay["trained"]["ci95"],
+        "hier_steps_ratio": None, "distinct_eval_tasks": coop["base"]["distinct_tasks"],
+        "coop": coop, "selfplay": selfplay,
+        "wall_s": time.perf_counter() - t0,
+    })
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

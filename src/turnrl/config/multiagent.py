@@ -1,0 +1,23 @@
+"""The ``multiagent`` config section: how a multi-agent env is trained (``docs/multiagent.md``).
+
+Which credit each agent gets is ``algo.estimator``: any estimator is per-agent (one group per task and role),
+``team_grpo`` shares the team reward, ``counterfactual`` credits it to the agent whose action mattered.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from turnrl.config.section import Section
+
+
+class MultiAgentConfig(Section):
+    selfplay: bool = Field(
+        False, description="competitive envs: the learner plays one role per task (by seed) against a pool of its frozen "
+        "past versions; evaluation plays against the base model, so eval/success is the win rate against it"
+    )
+    pool_size: int = Field(3, ge=1, description="self-play: past snapshots kept in the pool besides the base model "
+                                                "(each a frozen in-memory copy of the weights)")
+    snapshot_every: int = Field(1, ge=1, description="self-play: add a snapshot of the learner to the pool every this many steps")
+    elo_k: float = Field(32.0, gt=0.0, description="self-play: the Elo K-factor of the learner's and the pool's ratings "
+                                                   "(selfplay/elo*)")

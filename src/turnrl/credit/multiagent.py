@@ -1,0 +1,112 @@
+"""Credit for multi-agent episodes: the team's reward, shared, or credited to the agent whose action mattered.
+
+The multi-agent collector (:mod:`turnrl.rollout.multiagent`) returns one group per (task, role), so every
+registered estimator is already *per-agent*: ``grpo`` gives agent a's trajectory i the advantage of a's own return
+``R^a_i`` against the mean over the group of a's copies of that task, its own baseline. The two estimators here
+read instead the episode's team return ``T_i`` (``Trajectory.team_return``, the mean over the episode's roles of
+their returns; for a team that shares one reward, that reward):
+
+- ``team_grpo``: every agent's turns get the team's GRPO advantage, the same for all agents of an episode;
+- ``counterfactual``: a COMA-style baseline per turn, from the group's other actions of that agent at the same state.
+
+Both raise ``ValueError`` on trajectories without a team return (a single-agent env).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from turnrl.credit.base import CreditParams, broadcast_to_turns, register_estimator
+from turnrl.types import Advantages, Trajectory, TrajectoryGroup
+
+
+def team_returns(group: TrajectoryGroup) -> np.ndarray:
+    """``T_i`` of each trajectory of ``group``. Shape: (group size,). Raises ``ValueError`` where one is missing."""
+    values = [t.team_return for t in group.trajectories]
+    if any(v is None for v in values):
+        raise ValueError("a trajectory has no team_return: team credit (team_grpo, counterfactual) needs a multi-agent env; "
+                         "use grpo (or another per-agent estimator) for single-agent envs")
+    out = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(out).all():
+        raise ValueError(f"non-finite team return in the group of seed {group.seed}")
+    return out
+
+
+def _scale(returns: np.ndarray, params: CreditParams) -> float | None:
+    """What a group's centred team returns are divided by: ``std(T) + eps`` (sample std), 1 without ``norm_std``;
+    None when the group has no baseline (fewer than two members, or all equal)."""
+    if returns.size < 2 or returns.max() == returns.min():
+        return None
+    return float(returns.std(ddof=1)) + params.eps if params.norm_std else 1.0
+
+
+@register_estimator("team_grpo")
+def team_grpo(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages:
+    r"""The shared team reward under GRPO: every agent gets the team's advantage.
+
+    For trajectory i (any agent) in a group with team returns T_1..T_k:
+
+        A_i = (T_i - mean(T)) / (std(T) + eps)     (T_i - mean(T) without ``norm_std``)
+
+    given to every turn of i. Conventions as ``grpo`` (sample std; a singleton or all-equal group gets 0). Every agent
+    of an episode gets the same value whatever its own part: the baseline that per-agent credit is measured against.
+    """
+    out = []
+    for g in groups:
+        t = team_returns(g)
+        scale = _scale(t, params)
+        out.append(np.zeros_like(t) if scale is None else (t - t.mean()) / scale)
+    return broadcast_to_turns(groups, np.concatenate(out) if out else np.zeros(0))
+
+
+@register_estimator("counterfactual")
+def counterfactual(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages:
+    r"""A counterfactual baseline from the group (after COMA, Foerster et al. 2018, arXiv:1705.08926).
+
+    COMA credits agent a's action u^a at state s with Q(s, u) - \sum_{u'} \pi^a(u' | s) Q(s, (u^{-a}, u')): the joint
+    return minus its expectation over a's *own* alternative actions, everything else held fixed. Without a critic, a
+    group of copies of one task gives a Monte Carlo estimate of that expectation. For turn t of agent a's trajectory i
+    (a group holds one role's copies of one task), with anchor s_{i,t} (``Turn.anchor``, the env's key of the state
+    as a saw it, ``MultiAgentEnv.anchor(role)``):
+
+        J(s)      = { j in group : some turn of j has anchor s }          copies where a faced the same state
+        b_{i,t}   = mean_{j in J(s_{i,t})} T_j    if |J(s_{i,t})| >= 2,   else mean_{j in group} T_j
+        A_{i,t}   = (T_i - b_{i,t}) / (std_group(T) + eps)                (no division without ``norm_std``)
+
+    The members of J(s) sampled their own action at s from the same policy, so their mean team return estimates the
+    team's expected return over a's alternatives at s: a turn gets credit only for what its own action changed. A
+    speaker whose message was wrong is compared with every speaker of the task; a listener is compared only with
+    listeners that got the same message, so a team failure caused by the message does not blame the listener.
+
+    Deviations from COMA: no learned Q (Monte Carlo team returns of the group); with turn-taking, agents that act
+    after a are not held fixed (they answer a's action, as in the environment); a state no other copy reached falls
+    back to the group mean (GRPO's baseline); the scale is one per group (the std of its team returns), so the
+    fallback does not change it; ``params.gamma`` is ignored (the team return is episodic). A group whose team
+    returns are all equal, or a singleton group, gets 0.
+    """
+    rows: list[list[float]] = []
+    for g in groups:
+        t = team_returns(g)
+        scale = _scale(t, params)
+        rows += [[0.0] * traj.num_turns for traj in g.trajectories] if scale is None else _baselined(g.trajectories, t, scale)
+    return Advantages(rows)
+
+
+def _baselined(trajs: Sequence[Trajectory], t: np.ndarray, scale: float) -> list[list[float]]:
+    """``A_{i,t}`` of :func:`counterfactual` for one group with team returns ``t``."""
+    holders: dict[str, set[int]] = {}
+    for j, traj in enumerate(trajs):
+        for turn in traj.turns:
+            if turn.anchor is not None:
+                holders.setdefault(turn.anchor, set()).add(j)
+    rows = []
+    for i, traj in enumerate(trajs):
+        row = []
+        for turn in traj.turns:
+            same = holders.get(turn.anchor, set()) if turn.anchor is not None else set()
+            baseline = float(t[sorted(same)].mean()) if len(same) >= 2 else float(t.mean())
+            row.append((float(t[i]) - baseline) / scale)
+        rows.append(row)
+    return rows

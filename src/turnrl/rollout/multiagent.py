@@ -1,0 +1,272 @@
+"""The multi-agent collector: one shared model plays every role of a :class:`~turnrl.envs.multiagent.MultiAgentEnv`,
+each role in its own context, and each role's turns become its own :class:`~turnrl.types.Trajectory`.
+
+Role prompts: a role's context is an :class:`~turnrl.agent.context.EpisodeContext` whose renderer has the role's
+system prompt (``env.role_instructions[role]``) and the role's few-shot examples, so the shared model knows which
+agent it is from its prompt alone. Token-in, token-out holds per role: a turn's ids are exactly what the engine
+conditioned on and produced *for that role*; the other roles' responses reach it only as observation text the env
+wrote (a message, a move), never as their tokens.
+
+Lock step: each joint step, every live episode asks its env which roles act; their prompts go to the engine in one
+batched ``generate`` per engine (a role a :class:`Lineup` gives to another engine, such as a frozen self-play
+opponent, is generated there and not recorded); then every env steps concurrently. A role's context is opened
+when the role first acts, on the newest observation it has then, and advances lazily: its response and the newest
+observation the env gave it are appended only when it acts again, so observations it got while others acted
+collapse into the newest (the contract: it answers its newest one).
+
+Rewards: a reward paid to a role is added to its latest turn (a role that never acted has no turn to credit). An
+episode ends when no role acts any more; every recorded trajectory then gets ``team_return``, the mean over all the
+episode's roles of their summed rewards. A failing env (reset or step raising, timing out, answering in the wrong
+shape) ends all of its episode's trajectories as ``Termination.ENV_ERROR``.
+
+Output of :meth:`MultiAgentCollector.collect`: for each seed in order, one :class:`~turnrl.types.TrajectoryGroup`
+per recorded role in ``env.roles`` order, each holding that role's ``group_size`` trajectories in episode order;
+so every group compares copies of one role on one task, and every estimator gives each agent a baseline of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from turnrl.agent.chat import ChatRenderer
+from turnrl.agent.context import ContextSpec, EpisodeContext
+from turnrl.engines.base import Completion, Engine, SamplingParams
+from turnrl.envs.multiagent import MultiAgentEnv, MultiStep
+from turnrl.rollout.collector import Collector, EnvFault, _run
+from turnrl.types import Termination, Trajectory, TrajectoryGroup, Turn
+
+
+class Lineup(Protocol):
+    """Which engine plays each role of a task: roles it returns are played by those engines and not recorded; every
+    other role is played by the collector's engine and recorded (trained on)."""
+
+    def opponents(self, seed: int, roles: Sequence[str]) -> Mapping[str, Engine]: ...
+
+
+@dataclass
+class _Agent:
+    """One role in one episode: who plays it, its trajectory (None: an opponent's, not recorded) and its context."""
+
+    renderer: ChatRenderer
+    engine: Engine
+    traj: Trajectory | None
+    context: EpisodeContext | None = None  # opened when the role first acts, on the newest observation it has then
+    returns: float = 0.0
+    last_turn: Turn | None = None
+    pending: tuple[list[int], str] | None = None  # (response ids, text) the env has answered, not yet in the context
+    observation: str = ""  # the newest observation the env gave this role
+    done: bool = False
+
+
+@dataclass
+class _Episode:
+    env: MultiAgentEnv
+    agents: dict[str, _Agent] = field(default_factory=dict)
+    ended: bool = False
+
+
+class MultiAgentCollector(Collector):
+    """Runs episodes of multi-agent envs built by ``env_factory`` (module docstring).
+
+    ``lineup`` gives roles of each task to other engines (self-play opponents); None: ``engine`` plays every role.
+    """
+
+    def __init__(self, engine: Engine, tokenizer, env_factory: Callable[[], MultiAgentEnv], context: ContextSpec = ContextSpec(),
+                 *, step_timeout_s: float = 60.0, lineup: Lineup | None = None) -> None:
+        super().__init__(engine, tokenizer, env_factory, context, step_timeout_s=step_timeout_s)  # type: ignore[arg-type]
+        self.lineup = lineup
+        self._renderers: dict[str, ChatRenderer] = {}
+
+    def role_renderer(self, env: MultiAgentEnv, role: str) -> ChatRenderer:
+        """The renderer of ``role``: its system prompt and few-shot examples (built once per role)."""
+        if role not in self._renderers:
+            self._renderers[role] = ChatRenderer(self.tokenizer, env.role_instructions[role], env.examples(role),
+                                                 few_shot=self.context.few_shot)
+        return self._renderers[role]
+
+    def collect(self, seeds: Sequence[int], group_size: int, sampling: SamplingParams, env_id: str = "") -> list[TrajectoryGroup]:
+        """Roll out ``group_size`` episodes per seed; one group per (seed, recorded role), seeds in order."""
+        return _run(self._collect_all(list(seeds), group_size, sampling, env_id))
+
+    async def _collect_all(self, seeds: list[int], group_size: int, sampling: SamplingParams, env_id: str) -> list[TrajectoryGroup]:
+        groups: list[TrajectoryGroup] = []
+        starts = []
+        for seed in seeds:
+            env = self.env_factory()
+            opponents = dict(self.lineup.opponents(seed, env.roles)) if self.lineup else {}
+            by_role = {role: TrajectoryGroup(env_id=env_id, seed=seed) for role in env.roles if role not in opponents}
+            groups += by_role.values()
+            for index in range(group_size):
+                starts.append(self._start_episode(env if index == 0 else self.env_factory(), seed, by_role, opponents, env_id))
+        live = [ep for ep in await asyncio.gather(*starts) if ep is not None]
+        for gi, g in enumerate(groups):
+            for t in g.trajectories:
+                t.group_index = gi
+        while live:
+            live = await self._joint_step(live, sampling)
+        return groups
+
+    async def _start_episode(self, env: MultiAgentEnv, seed: int, groups: dict[str, TrajectoryGroup],
+                             opponents: Mapping[str, Engine], env_id: str) -> _Episode | None:
+        """Reset ``env`` and open a context per role; None when the reset failed (its trajectories end as env errors)."""
+        ep = _Episode(env)
+        trajs = {}
+        for role, group in groups.items():
+            trajs[role] = Trajectory(env_id=env_id, seed=seed, policy_version=self.engine.version, context=self.context.strategy,
+                                     agent=role)
+            group.trajectories.append(trajs[role])
+        try:
+            observations, _ = await self._env_call("reset", env.areset(seed=seed))
+            if not isinstance(observations, dict) or set(observations) != set(env.roles):
+                raise EnvFault(f"reset returned {type(observations).__name__} observations, not one per role {list(env.roles)}")
+            for role in env.roles:
+                ep.agents[role] = _Agent(self.role_renderer(env, role), opponents.get(role, self.engine), trajs.get(role),
+                                         observation=_text(observations[role]))
+            key = env.task_key()
+        except Exception as e:  # noqa: BLE001 - an env fault or task_key failing ends only this episode
+            self._finish(ep, Termination.ENV_ERROR, str(e), list(trajs.values()))
+            return None
+        for traj in trajs.values():
+            traj.task_key = key
+        return ep
+
+    async def _joint_step(self, live: list[_Episode], sampling: SamplingParams) -> list[_Episode]:
+        """One joint step of every live episode: batched generation per engine, then every env steps concurrently."""
+        requests: list[tuple[_Episode, str, list[int]]] = []
+        for ep in live:
+            for role in ep.env.acting():
+                ids = self._prompt(ep.agents[role])
+                if len(ids) + sampling.max_new_tokens > self.context.max_context_tokens:
+                    self._finish(ep, Termination.TRUNCATED_CONTEXT)
+                    break
+                requests.append((ep, role, ids))
+        requests = [r for r in requests if not r[0].ended]
+        completions = self._generate(requests, sampling)
+        actions: dict[int, dict[str, tuple[list[int], Completion]]] = {}
+        for (ep, role, ids), comp in zip(requests, completions):
+            actions.setdefault(id(ep), {})[role] = (ids, comp)
+        stepping = [ep for ep in live if id(ep) in actions]
+        t0 = time.perf_counter()
+        going_on = await asyncio.gather(*(self._act(ep, actions[id(ep)]) for ep in stepping))
+        self.stats.env_s += time.perf_counter() - t0
+        return [ep for ep, more in zip(stepping, going_on) if more]
+
+    def _prompt(self, agent: _Agent) -> list[int]:
+        """The role's next prompt: its context opened on its newest observation when it first acts, else its answered
+        response and the newest observation appended."""
+        if agent.context is None:
+            agent.context = EpisodeContext(self.context, agent.renderer, agent.observation)
+        elif agent.pending is not None:
+            ids, text = agent.pending
+            agent.context.advance(ids, text, agent.observation, self.tokenizer.eos_token_id)
+            agent.pending = None
+        return agent.context.prompt()
+
+    def _generate(self, requests: list[tuple[_Episode, str, list[int]]], sampling: SamplingParams) -> list[Completion]:
+        """Completions of ``requests`` in order: one batched ``generate`` per engine that plays some of them."""
+        out: dict[int, Completion] = {}
+        by_engine: dict[int, list[int]] = {}
+        for i, (ep, role, _) in enumerate(requests):
+            by_engine.setdefault(id(ep.agents[role].engine), []).append(i)
+        for indices in by_engine.values():
+            first_ep, first_role, _ = requests[indices[0]]
+            engine = first_ep.agents[first_role].engine
+            prompts = [requests[i][2] for i in indices]
+            t0 = time.perf_counter()
+            for i, comp in zip(indices, engine.generate(prompts, sampling)):
+                out[i] = comp
+            self.stats.generate_s += time.perf_counter() - t0
+            self.stats.prompt_tokens += sum(len(p) for p in prompts)
+            self.stats.generated_tokens += sum(len(out[i].token_ids) for i in indices)
+        return [out[i] for i in range(len(requests))]
+
+    async def _act(self, ep: _Episode, responses: dict[str, tuple[list[int], Completion]]) -> bool:
+        """Step the env with every acting role's response and record the turns; returns whether the episode goes on."""
+        texts = {}
+        for role, (ids, comp) in responses.items():
+            agent = ep.agents[role]
+            texts[role] = self.tokenizer.decode(comp.token_ids, skip_special_tokens=True)
+            agent.pending = (list(comp.token_ids), texts[role])
+            agent.last_turn = Turn(prompt_ids=agent.context.turn_prompt_ids(ids), response_ids=list(comp.token_ids),
+                                   logprobs=list(comp.logprobs), observation=agent.context.observation, response_text=texts[role],
+                                   finish_reason=comp.finish_reason, version=comp.version)
+            if agent.traj is not None:
+                agent.traj.turns.append(agent.last_turn)
+                agent.traj.policy_version = comp.version
+        try:
+            for role in responses:
+                ep.agents[role].last_turn.anchor = ep.env.anchor(role)  # type: ignore[union-attr]
+            out = await self._env_call("step", ep.env.astep(texts))
+            if not isinstance(out, MultiStep):
+                raise EnvFault(f"step returned a {type(out).__name__}, not a MultiStep")
+            self._apply(ep, responses, out)
+        except Exception as e:  # noqa: BLE001 - an env fault or a malformed step ends only this episode
+            for role in responses:
+                ep.agents[role].last_turn.valid = False  # type: ignore[union-attr]
+            self._finish(ep, Termination.ENV_ERROR, str(e))
+            return False
+        if not ep.env.acting() or all(a.done for a in ep.agents.values()):
+            self._finish(ep, None)
+            return False
+        return True
+
+    def _apply(self, ep: _Episode, acted: Mapping[str, object], out: MultiStep) -> None:
+        """Record a step's rewards, validity, successes, endings and observations on every role."""
+        for role, agent in ep.agents.items():
+            info = dict(out.infos[role])
+            reward = float(out.rewards[role])
+            agent.returns += reward
+            turn = agent.last_turn
+            if turn is not None:
+                turn.reward += reward
+                for name, value in info.pop("reward_components", {"reward": reward}).items():
+                    turn.reward_components[name] = turn.reward_components.get(name, 0.0) + float(value)
+                if role in acted:
+                    turn.actions = list(info.pop("actions", []))
+                    turn.valid = bool(info.pop("valid", True))
+                    turn.info = {k: v for k, v in info.items() if k != "success"} | turn.info
+            if agent.traj is not None:
+                agent.traj.success = bool(info.get("success", False))
+            if role in out.observations:
+                agent.observation = _text(out.observations[role])
+            if not agent.done and (out.terminated[role] or out.truncated[role]):
+                agent.done = True
+                if agent.traj is not None:
+                    agent.traj.termination = _ending(out.terminated[role], info)
+
+    def _finish(self, ep: _Episode, why: Termination | None, error: str | None = None,
+                trajs: Sequence[Trajectory] = ()) -> None:
+        """End the episode: roles still going end as ``why`` (None: as each already ended), the team return is set
+        on every recorded trajectory, and the env is closed (a failing close is recorded on them)."""
+        trajs = list(trajs) or [a.traj for a in ep.agents.values() if a.traj is not None]
+        team = sum(a.returns for a in ep.agents.values()) / max(1, len(ep.agents))
+        for agent in ep.agents.values():
+            if agent.traj is not None and why is not None and not agent.done:
+                agent.traj.termination = why
+            agent.done = True
+        for traj in trajs:
+            traj.team_return = team
+            if why == Termination.ENV_ERROR:
+                traj.termination, traj.error = why, error
+        try:
+            ep.env.close()
+        except Exception as e:  # noqa: BLE001 - the episode already ended
+            for traj in trajs:
+                traj.error = "; ".join(filter(None, [traj.error, f"close failed: {type(e).__name__}: {e}"]))
+        ep.ended = True
+
+
+def _ending(terminated: bool, info: Mapping[str, object]) -> Termination:
+    if terminated:
+        return Termination.TERMINATED
+    return Termination.TRUNCATED_CONTEXT if info.get("truncation") == "context" else Termination.TRUNCATED_TURNS
+
+
+def _text(observation: object) -> str:
+    if not isinstance(observation, str):
+        raise EnvFault(f"the env gave a {type(observation).__name__} observation; an observation is str")
+    return observation
