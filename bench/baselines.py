@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "bench"))  # machine.py, when run as a script
 from turnrl.build import Task, TaskSplit, env_factories  # noqa: E402
 from turnrl.config import Config, load_config  # noqa: E402
 from turnrl.envs import Env  # noqa: E402
-from turnrl.envs import frozenlake, sokoban  # noqa: E402
+from turnrl.envs import frozenlake, keys, sokoban  # noqa: E402
 from turnrl.envs.code import CodeEnv  # noqa: E402
 from turnrl.envs.countdown import Countdown  # noqa: E402
 from turnrl.envs.search import shortest_plan  # noqa: E402
@@ -107,6 +107,11 @@ def random_webshop(seen: Seen) -> str:
         words = _instruction(obs).split()
         return f"search[{' '.join(seen.rng.sample(words, max(1, len(words) // 2)))}]"
     return f"click[{seen.rng.choice(_webshop_buttons(obs))}]"
+
+
+def random_keys(seen: Seen) -> str:
+    """In a room Left or Right, at the vault door one of the colours, uniformly."""
+    return seen.rng.choice(keys.COLOURS if "You stand at the vault door" in seen.current else keys.DIRECTIONS)
 
 
 def random_code(seen: Seen) -> str:
@@ -170,6 +175,16 @@ def sokoban_push_rule(seen: Seen) -> str:
         if path:
             return path[0]
     return "Up"
+
+
+def keys_walk_rule(seen: Seen) -> str:
+    """Take the passage the current observation calls open; at the vault door say red (a fixed colour).
+
+    The best rule that reads only the current observation, as a context that dropped the first one does: the walk
+    is always right and the code a guess, 1 in 6. Reading the first observation as well is the oracle.
+    """
+    passage = re.search(r"The (left|right) passage is open", seen.current)
+    return passage.group(1).capitalize() if passage else keys.COLOURS[0]
 
 
 def countdown_sum_rule(seen: Seen) -> str:
@@ -285,6 +300,7 @@ def policies_for(env: Env) -> dict[str, Policy]:
     inner = env.unwrapped
     rules: dict[type, tuple[Policy, Policy]] = {
         sokoban.Sokoban: (random_word_action(sokoban.ACTIONS), sokoban_push_rule),
+        keys.KeysAndDoors: (random_keys, keys_walk_rule),
         Countdown: (random_tool_call, countdown_sum_rule),
         SQL: (random_tool_call, sql_fixed_query_rule),
         SearchQA: (random_tool_call, searchqa_top_hit_rule),

@@ -16,7 +16,7 @@ CASES = [
     (["turnrl", "train", "train.l"], ["train.lr="]),
     (["turnrl", "train", "-c", "configs/x.yaml", "rollout.group"], ["rollout.group_size="]),
     (["turnrl", "eval", "algo.estimator", "=", "grpo"], ["grpo", "grpo_turn"]),
-    (["turnrl", "train", "rollout.context", "="], ["=per_step", "=full"]),
+    (["turnrl", "train", "rollout.context", "="], ["=per_step", "=full", "=budgeted"]),
     (["turnrl", "train", "log.wandb", "=", "t"], ["true"]),
     (["turnrl", "train", "env.id", "=", "gym-ta"], ["gym-taxi-v0"]),
     (["turnrl", "train", "--res"], ["--resume"]),

@@ -277,6 +277,9 @@ def _err_groups(with_errors: bool) -> list[TrajectoryGroup]:
 def test_env_error_trajectories_leave_every_other_advantage_unchanged_and_get_zero(name):
     est = get_estimator(name)
     clean, dirty = _err_groups(False), _err_groups(True)
+    if name in ("team_grpo", "counterfactual"):  # team credit reads each episode's team return (multi-agent envs)
+        for t in (t for g in clean + dirty for t in g.trajectories):
+            t.team_return = t.total_reward
     before, after = est(clean, _err_params(est, clean)), est(dirty, _err_params(est, dirty))
     flat = [t for g in dirty for t in g.trajectories]
     errors = [i for i, t in enumerate(flat) if t.termination == Termination.ENV_ERROR]

@@ -48,10 +48,12 @@ class RecordingEngine(HFEngine):
         return outs
 
 
-@pytest.mark.parametrize("strategy", ["per_step", "full"])
+@pytest.mark.parametrize("strategy", ["per_step", "full", "budgeted"])
 def test_samples_are_exactly_what_the_engine_conditioned_on(tokenizer, tiny_model, strategy):
     engine = RecordingEngine(tiny_model, tokenizer, seed=0)
-    col = Collector(engine, tokenizer, lambda: CountEnv(goal=3), ContextSpec(strategy=strategy, history_turns=1))
+    budget = 120 if strategy == "budgeted" else 0  # small enough that the oldest exchanges are dropped
+    spec = ContextSpec(strategy=strategy, history_turns=1, budget_tokens=budget)
+    col = Collector(engine, tokenizer, lambda: CountEnv(goal=3), spec)
     groups = col.collect([7, 8], group_size=2, sampling=SamplingParams(max_new_tokens=4, temperature=1.0))
     trajs = [t for g in groups for t in g.trajectories]
     assert all(t.termination == Termination.TERMINATED and t.success and t.num_turns == 3 for t in trajs)

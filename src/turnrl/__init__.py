@@ -19,6 +19,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (it alone
 _EXPORTS = {
     "train": ("turnrl.api", "train"),
     "evaluate": ("turnrl.api", "evaluate"),
+    "sft": ("turnrl.api", "sft"),
     "RunResult": ("turnrl.api", "RunResult"),
     "EvalResult": ("turnrl.api", "EvalResult"),
     "Config": ("turnrl.config", "Config"),
@@ -36,7 +37,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from typing import Any
 
-    from turnrl.api import EvalResult, RunResult, evaluate, train
+    from turnrl.api import EvalResult, RunResult, evaluate, sft, train
     from turnrl.config import Config, load_config
     from turnrl.credit import get_estimator, register_estimator
     from turnrl.envs import Env, check_env

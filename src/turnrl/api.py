@@ -1,4 +1,5 @@
-"""The Python API: :func:`train` and :func:`evaluate`, the code path of ``turnrl train`` and ``turnrl eval``.
+"""The Python API: :func:`train`, :func:`sft` and :func:`evaluate`, the code path of ``turnrl train``, ``turnrl sft``
+and ``turnrl eval``.
 
     import turnrl
 
@@ -23,10 +24,13 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 from turnrl.config import Config, ConfigChange, ConfigError, apply_overrides, load_config, record_changes, resume_config
 from turnrl.credit.rewards import ProcessRewardModel, load_prm
+
+if TYPE_CHECKING:
+    from turnrl.sft import SftRun
 
 ConfigSource = Union[Config, str, os.PathLike, None]
 """A :class:`Config`, the path of a YAML config file, or None (the built-in defaults: ``configs/default.yaml``)."""
@@ -125,7 +129,8 @@ def evaluate(config: ConfigSource = None, *overrides: str, checkpoint: str | os.
     ``vllm`` or ``openai`` (a served model, ``docs/engines.md``); ``engine_options`` go to
     :func:`turnrl.engines.make_engine` for the last two (``base_url=``, ``api_model=``, ``timeout=``, ...).
     """
-    from turnrl.build import build, build_for_eval
+    from turnrl.build import build, build_for_eval, load_libraries
+    from turnrl.checkpoint import load_state
     from turnrl.loop import evaluate as run_evaluation
 
     if engine == "hf" and engine_options:
@@ -139,7 +144,20 @@ def evaluate(config: ConfigSource = None, *overrides: str, checkpoint: str | os.
                               "--base-url URL --api-model ID")
         cfg.model.path = str(checkpoint_model(Path(checkpoint)))
     components = build(cfg) if engine == "hf" else build_for_eval(cfg, engine, **engine_options)
+    if checkpoint is not None and components.libraries:  # what the run's experience and skill libraries learnt
+        load_libraries(components, load_state(checkpoint_model(Path(checkpoint)).parent))
     return EvalResult.from_metrics(cfg.eval.env_id or cfg.env.id, run_evaluation(components))
+
+
+def sft(config: ConfigSource = None, *overrides: str) -> SftRun:
+    """Supervised fine-tuning on demonstrations, as ``turnrl sft [-c CONFIG] [OVERRIDES]`` runs it (``docs/demos.md``).
+
+    Returns a :class:`turnrl.sft.SftRun`: its ``model_path`` is what ``turnrl.train(config, f"model.path={...}")``
+    starts RL from; ``before`` / ``after`` are the held-out ``eval/*`` metrics around it.
+    """
+    from turnrl.sft import sft as run_sft
+
+    return run_sft(resolve_config(config, overrides))
 
 
 # ---------------------------------------------------------------------------------------------- configs and runs

@@ -12,9 +12,10 @@ import contextlib
 import functools
 import hashlib
 import random
+import sys
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,16 +24,28 @@ import torch
 
 from turnrl import checkpoint
 from turnrl.agent.context import ContextSpec
+from turnrl.agent.memory import MemoryActions
+from turnrl.agent.demos import read_demos
+from turnrl.agent.experience import ExperienceLibrary, agent_libraries, with_libraries
+from turnrl.agent.skills import SkillLibrary
 from turnrl.config import Config, ConfigError
+from turnrl.credit import estimator_flag, get_estimator
 from turnrl.credit.rewards import RewardShaper
 from turnrl.engines import Engine, SamplingParams, make_engine
 from turnrl.engines.native import UnsupportedModelError
+from turnrl.engines.serve import EngineGate, RolloutServer
+from turnrl.engines.sessions import SessionStore
 from turnrl.envs import Env, make
-from turnrl.learner import Critic, CriticParams, Learner, LearnerParams
+from turnrl.learner import Critic, CriticParams, Learner, LearnerParams, build_samples
 from turnrl.models import frozen_copy, load_model, load_tokenizer
 from turnrl.models.lora import LoraError, add_lora, is_lora, load_lora, split_adapter_path, trainable_parameters
 from turnrl.monitor.card import write_model_card
+from turnrl.envs.multiagent import MultiAgentEnv
 from turnrl.rollout import Collector
+from turnrl.rollout.served import ServedCollector
+from turnrl.rollout.multiagent import Lineup, MultiAgentCollector
+from turnrl.rollout.selfplay import SelfPlay
+from turnrl.types import Advantages, TrainSample, Trajectory
 
 
 @dataclass
@@ -48,6 +61,15 @@ class Components:
     shaper: RewardShaper | None = None  # KL-in-reward and running reward normalisation (None when both are off)
     eval_collector: Collector | None = None  # eval.env_id's collector (None: the training collector)
     tasks: TaskSplit | None = None  # which seeds are held out, which are trained on
+    demos: list[TrainSample] = field(default_factory=list)  # algo.demo_file's, on training tasks (demo-guided RL)
+    selfplay: SelfPlay | None = None  # multiagent.selfplay: the opponent pool and its Elo ratings
+    experience: ExperienceLibrary | None = None  # experience.retrieve: past steps shown in observations (docs/experience.md)
+    skills: SkillLibrary | None = None  # experience.skills: action sequences offered as `skill NAME`
+
+    @property
+    def libraries(self) -> list[ExperienceLibrary | SkillLibrary]:
+        """The enabled agent libraries: each learns from every credited batch (``learn``) and is checkpointed."""
+        return [library for library in (self.experience, self.skills) if library is not None]
 
 
 def build(cfg: Config, model=None, tokenizer=None) -> Components:
@@ -55,7 +77,8 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     seed_everything(cfg.train.seed)
-    envs, eval_envs = env_factories(cfg)
+    experience, skills = agent_libraries(cfg)
+    envs, eval_envs = env_factories(cfg, experience, skills)
     base, adapter = _split_model_path(cfg.model.path)  # an adapter (a LoRA checkpoint): its base model, then it
     with quiet_transformers():
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(base)
@@ -66,14 +89,22 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
     # LoRA: the reference is the policy with its adapters disabled (learner.py), not a copy
     ref = (model if is_lora(model) else frozen_copy(model)) if cfg.model.reference else None
     engine = _engine(cfg, model, tokenizer)
-    collector, eval_collector = _collectors(cfg, engine, tokenizer, envs, eval_envs)
+    selfplay = _selfplay(cfg, model, tokenizer, envs)
+    collector, eval_collector = _collectors(cfg, engine, tokenizer, envs, eval_envs, selfplay)
+    if cfg.scale.workers:  # rollouts on Ray actors that build what rollout_parts builds here (turnrl.scale.workers)
+        collector, eval_collector = _ray_collectors(cfg, model, tokenizer, engine, eval_envs is not None)
     critic = Critic(model, CriticParams.from_config(cfg), tokenizer.pad_token_id) if cfg.algo.critic != "none" else None
-    learner = Learner(model, LearnerParams.from_config(cfg), tokenizer.pad_token_id, ref_model=ref, critic=critic)
+    learner = _learner(cfg, model, tokenizer.pad_token_id, ref, critic)
     a = cfg.algo
     shaper = None
     if a.kl_in_reward > 0 or a.reward_norm == "running":
         shaper = RewardShaper(a.kl_in_reward, a.kl_target, a.kl_horizon, normalise=a.reward_norm == "running")
-    return Components(cfg, model, tokenizer, engine, collector, learner, shaper, eval_collector, TaskSplit(cfg, envs, eval_envs))
+    tasks = TaskSplit(cfg, envs, eval_envs)
+    if cfg.serve.train:  # the loop trains on episodes agents play through the rollout service; evaluation stays here
+        collector, eval_collector = _served_collector(cfg, engine, tokenizer, tasks), eval_collector or collector
+    demos = demo_samples(tasks.training_only(read_demos(a.demo_file, len(tokenizer)))) if a.demo_coef > 0 else []
+    return Components(cfg, model, tokenizer, engine, collector, learner, shaper, eval_collector, tasks, demos, selfplay,
+                      experience, skills)
 
 
 def build_for_eval(cfg: Config, engine_kind: str, **engine_options: Any) -> Components:
@@ -163,18 +194,34 @@ def quiet_transformers() -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------- envs and tasks
 
 
-def env_factories(cfg: Config) -> tuple[Callable[[], Env], Callable[[], Env] | None]:
-    """Factories of the training envs and, when ``eval.env_id`` is set, of the evaluation envs (else None).
+def env_factories(cfg: Config, experience: ExperienceLibrary | None = None, skills: SkillLibrary | None = None
+                  ) -> tuple[Callable[[], Env], Callable[[], Env] | None]:
+    """Factories of the training envs and, when ``eval.env_id`` is set, of the evaluation envs (else None), each env
+    wrapped by the agent libraries given (:func:`with_libraries`) and the memory actions.
 
     Each is tried once here (built and reset), so a bad id or keyword stops with a :class:`ConfigError`.
     """
     kwargs = dict(cfg.env.kwargs, max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty,
                   progress_reward=cfg.env.progress_reward)
     envs = _tried(cfg.env.id, kwargs, cfg.train.seed_start, f"env.id={cfg.env.id!r} with env.kwargs={cfg.env.kwargs}")
+    envs = with_libraries(cfg, envs, experience, skills)
     if not cfg.eval.env_id:
-        return envs, None
+        return with_memory(cfg, envs), None
     eval_kwargs = {**kwargs, **cfg.eval.env_kwargs}
-    return envs, _tried(cfg.eval.env_id, eval_kwargs, cfg.eval.seed_start, f"eval.env_id={cfg.eval.env_id!r}")
+    eval_envs = _tried(cfg.eval.env_id, eval_kwargs, cfg.eval.seed_start, f"eval.env_id={cfg.eval.env_id!r}")
+    return with_memory(cfg, envs), with_memory(cfg, with_libraries(cfg, eval_envs, experience, skills))
+
+
+def with_memory(cfg: Config, factory: Callable[[], Env]) -> Callable[[], Env]:
+    """``factory``, each env wrapped by :class:`MemoryActions` when ``memory.actions`` enables any (docs/memory.md)."""
+    m = cfg.memory
+    if not m.actions:
+        return factory
+    if "compress" in m.actions and cfg.rollout.context != "budgeted":
+        raise ConfigError(f"memory.actions has 'compress', which replaces earlier turns of a budgeted context; "
+                          f"rollout.context={cfg.rollout.context!r} keeps them: set rollout.context=budgeted "
+                          "(with rollout.budget_tokens) or drop compress from memory.actions")
+    return lambda: MemoryActions(factory(), tuple(m.actions), m.max_actions)
 
 
 def _tried(env_id: str, kwargs: dict[str, Any], seed: int, what: str) -> Callable[[], Env]:
@@ -211,7 +258,7 @@ def task_key(env: Env, observation: str) -> str:
     return key if len(key) <= KEY_CHARS else "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
-def task_keys(env_factory: Callable[[], Env], seeds: range) -> list[Task]:
+def task_keys(env_factory: Callable[[], Env], seeds: Iterable[int]) -> list[Task]:
     """The task of each seed: a fresh env per seed, reset concurrently (as the collector resets them)."""
 
     async def one(seed: int) -> Task:
@@ -290,6 +337,17 @@ class TaskSplit:
                     "few distinct tasks for a held-out split: give it more (env.kwargs) or evaluate on another env (eval.env_id)")
         return self._train[first : first + n]
 
+    def training_only(self, trajectories: list[Trajectory]) -> list[Trajectory]:
+        """The ``trajectories`` (demonstrations) whose task is no held-out one: each task key is recomputed from the
+        seed by a fresh training env (a file's own ``task_key`` is not trusted); a seed without a key is dropped."""
+        keys = {t.seed: t.key for t in task_keys(self.train_envs, sorted({tr.seed for tr in trajectories}))}
+        return [tr for tr in trajectories if keys[tr.seed] is not None and keys[tr.seed] not in self.held_keys]
+
+
+def demo_samples(demos: list[Trajectory]) -> list[TrainSample]:
+    """Training samples of demonstrations, laid out as the learner lays out rollouts (loss mask on the agent's tokens)."""
+    return build_samples(demos, Advantages.zeros(demos))
+
 
 # ---------------------------------------------------------------------------------------------- engine, collectors
 
@@ -309,14 +367,120 @@ def _engine(cfg: Config, model, tokenizer) -> Engine:
         raise ConfigError(f"rollout.engine={cfg.rollout.engine}: {e}") from None
 
 
-def _collectors(cfg: Config, engine: Engine, tokenizer, envs, eval_envs) -> tuple[Collector, Collector | None]:
+def _collectors(cfg: Config, engine: Engine, tokenizer, envs, eval_envs, selfplay: SelfPlay | None = None
+                ) -> tuple[Collector, Collector | None]:
+    """The training and evaluation collectors (None: evaluate with the training one); a multi-agent env gets the
+    multi-agent collector, under self-play with the pool as the training lineup and the base model as every
+    evaluation opponent."""
     r = cfg.rollout
-    ctx = ContextSpec(r.context, r.history_turns, r.few_shot, r.max_context_tokens, r.max_observation_tokens)
+    try:
+        ctx = ContextSpec(r.context, r.history_turns, r.few_shot, r.max_context_tokens, r.max_observation_tokens, r.budget_tokens)
+    except ValueError as e:
+        raise ConfigError(f"rollout: {e}") from None
 
-    def collector(factory) -> Collector:
+    def collector(factory, lineup: Lineup | None = None) -> Collector:
+        if _is_multiagent(factory):
+            _check_multiagent(cfg)
+            return MultiAgentCollector(engine, tokenizer, factory, ctx, step_timeout_s=cfg.env.step_timeout_s, lineup=lineup)
         return Collector(engine, tokenizer, factory, ctx, step_timeout_s=cfg.env.step_timeout_s)
 
+    if selfplay is not None:
+        return collector(envs, selfplay), collector(eval_envs or envs, selfplay.against_base())
     return collector(envs), collector(eval_envs) if eval_envs is not None else None
+
+
+def _is_multiagent(env_factory: Callable[[], Any]) -> bool:
+    env = env_factory()
+    env.close()
+    return isinstance(env, MultiAgentEnv)
+
+
+def _check_multiagent(cfg: Config) -> None:
+    """ConfigError for what multi-agent collection does not support."""
+    if estimator_flag(get_estimator(cfg.algo.estimator), "needs_greedy_baseline"):
+        raise ConfigError(f"algo.estimator={cfg.algo.estimator} takes one greedy baseline per task, but a multi-agent task "
+                          "has one group per role: use grpo, rloo, team_grpo or counterfactual")
+    if cfg.scale.workers:
+        raise ConfigError(f"{cfg.env.id} is multi-agent, collected in the training process only: set scale.workers=0")
+
+
+def _selfplay(cfg: Config, model, tokenizer, envs: Callable[[], Any]) -> SelfPlay | None:
+    """The self-play pool when ``multiagent.selfplay`` is on; ConfigError when the env is not multi-agent."""
+    m = cfg.multiagent
+    if not m.selfplay:
+        return None
+    if not _is_multiagent(envs):
+        raise ConfigError(f"multiagent.selfplay=true needs a multi-agent env (e.g. nim-v0); {cfg.env.id} is single-agent")
+    if cfg.scale.async_mode:  # the next step's games would be drawn before this step's are rated and snapshotted
+        raise ConfigError("multiagent.selfplay=true collects each step after the previous update: set scale.async_mode=false")
+    return SelfPlay(model, lambda frozen: _engine(cfg, frozen, tokenizer), size=m.pool_size, snapshot_every=m.snapshot_every,
+                    elo_k=m.elo_k)
+
+
+def rollout_parts(cfg: Config, model, tokenizer) -> tuple[Collector, Collector | None]:
+    """What a rollout worker holds (:mod:`turnrl.scale.workers`): an engine over ``model`` and the training and
+    evaluation collectors, built exactly as :func:`build` builds them."""
+    envs, eval_envs = env_factories(cfg)
+    return _collectors(cfg, _engine(cfg, model, tokenizer), tokenizer, envs, eval_envs)
+
+
+def _ray_collectors(cfg: Config, model, tokenizer, engine: Engine, has_eval: bool):
+    if any(agent_libraries(cfg)) or cfg.multiagent.selfplay:  # what the driver learns would not reach the workers
+        raise ConfigError(f"scale.workers={cfg.scale.workers} does not carry the experience/skill libraries or the "
+                          "self-play pool to the workers yet: set scale.workers=0, or turn them off")
+    try:
+        from turnrl.scale.workers import ray_collectors
+    except ImportError as e:  # ray is an optional extra
+        raise ConfigError(f"scale.workers={cfg.scale.workers}: {e}") from None
+    return ray_collectors(cfg, model, tokenizer, engine, rollout_parts, has_eval)
+
+
+def rollout_server(cfg: Config, engine: Engine, tokenizer, gate: EngineGate) -> RolloutServer:
+    """The OpenAI-compatible rollout service over ``engine`` on ``serve.host:serve.port`` (not started; docs/serve.md).
+    While training (``serve.train``) it refuses any temperature but ``rollout.temperature``, which the learner uses."""
+    s = cfg.serve
+    store = SessionStore(tokenizer, Path(s.record_file) if s.record_file else None, cfg.env.id, s.session_timeout_s)
+    try:
+        return RolloutServer(engine, tokenizer, store, model_name=cfg.model.path, defaults=sampling_params(cfg),
+                             max_context_tokens=cfg.rollout.max_context_tokens, request_timeout_s=s.request_timeout_s,
+                             gate=gate, fixed_temperature=cfg.rollout.temperature if s.train else None, host=s.host,
+                             port=s.port)
+    except OSError as e:  # the port is taken, the address is not this machine's
+        raise ConfigError(f"serve.host={s.host} serve.port={s.port}: {e}; pick another (serve.port=0: any free port)") from None
+
+
+def build_server(cfg: Config) -> RolloutServer:
+    """``turnrl serve``: ``model.path`` (a LoRA checkpoint with its adapters) behind the rollout service, open."""
+    base, adapter = _split_model_path(cfg.model.path)
+    with quiet_transformers():
+        tokenizer = load_tokenizer(base)
+        model = load_model(base, dtype=getattr(torch, cfg.model.dtype))
+        if adapter is not None:
+            model = with_lora(cfg, model, adapter)
+    return rollout_server(cfg, _engine(cfg, model, tokenizer), tokenizer, EngineGate(is_open=True))
+
+
+def _served_collector(cfg: Config, engine: Engine, tokenizer, tasks: TaskSplit) -> ServedCollector:
+    """``serve.train``: the rollout service, started closed (the loop opens it while it waits for episodes)."""
+    if cfg.scale.workers:
+        raise ConfigError("serve.train=true takes episodes from the rollout service, not from Ray workers: set "
+                          "scale.workers=0")
+    if estimator_flag(get_estimator(cfg.algo.estimator), "needs_greedy_baseline"):
+        raise ConfigError(f"algo.estimator={cfg.algo.estimator} rolls out a greedy baseline per task, which served "
+                          "episodes do not have: use grpo_turn, grpo or rloo with serve.train=true")
+    server = rollout_server(cfg, engine, tokenizer, EngineGate(is_open=False)).start()
+    print(f"serve.train: training on episodes played through {server.url} (docs/serve.md)", file=sys.stderr)
+    return ServedCollector(server, lambda key: key in tasks.held_keys, cfg.serve.wait_timeout_s)
+
+
+def _learner(cfg: Config, model, pad_id: int, ref, critic: Critic | None) -> Learner:
+    """The learner; with ``scale.learner_ranks > 1`` the data-parallel one (:mod:`turnrl.scale.distributed`)."""
+    params = LearnerParams.from_config(cfg)
+    if cfg.scale.learner_ranks == 1:
+        return Learner(model, params, pad_id, ref_model=ref, critic=critic)
+    from turnrl.scale.distributed import DataParallelLearner
+
+    return DataParallelLearner.spawn(cfg.scale.learner_ranks, cfg.scale.sync_timeout_s, model, params, pad_id, ref, critic)
 
 
 def sampling_params(cfg: Config, greedy: bool = False) -> SamplingParams:
@@ -336,11 +500,12 @@ def seed_everything(seed: int) -> None:
 
 
 def save(c: Components, run_dir: Path, step: int, monitor_state: dict[str, Any]) -> Path:
-    """Checkpoint the weights, optimizer, engine, reward-shaper and monitor state (and the RNGs) at ``step``, with its
-    model card (``README.md``, :mod:`turnrl.monitor.card`)."""
+    """Checkpoint the weights, optimizer, engine, reward-shaper, agent-library and monitor state (and the RNGs) at
+    ``step``, with its model card (``README.md``, :mod:`turnrl.monitor.card`)."""
     state = {"learner": c.learner.state_dict(), "engine": c.engine.state_dict(), "monitor": monitor_state}
     if c.shaper is not None:
         state["reward_shaper"] = c.shaper.state_dict()
+    state["libraries"] = {type(library).__name__: library.state_dict() for library in c.libraries}
     with quiet_transformers():
         ckpt = checkpoint.save_checkpoint(run_dir, step, c.model, c.tokenizer, state, keep=c.cfg.log.keep_checkpoints)
     write_model_card(ckpt, c.cfg)
@@ -348,7 +513,7 @@ def save(c: Components, run_dir: Path, step: int, monitor_state: dict[str, Any])
 
 
 def restore(c: Components, ckpt: Path, rng: bool = False) -> dict[str, Any]:
-    """Load a checkpoint's weights, optimizer, engine and reward-shaper state (and the RNGs when resuming).
+    """Load a checkpoint's weights, optimizer, engine, reward-shaper and agent-library state (and the RNGs when resuming).
 
     Returns the checkpoint's state (``step``, ``monitor``, ...). Raises :class:`~turnrl.checkpoint.CheckpointError`
     when it is damaged, unsafe, or not of this model.
@@ -360,8 +525,15 @@ def restore(c: Components, ckpt: Path, rng: bool = False) -> dict[str, Any]:
         c.engine.load_state_dict(state["engine"])
         if c.shaper is not None and "reward_shaper" in state:
             c.shaper.load_state_dict(state["reward_shaper"])
+        load_libraries(c, state)
         if rng:
             checkpoint.set_rng_state(state["rng"])
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
         raise checkpoint.CheckpointError(f"{ckpt / checkpoint.STATE}: does not fit this run ({type(e).__name__}: {e})") from None
     return state
+
+
+def load_libraries(c: Components, state: dict[str, Any]) -> None:
+    """Load the agent libraries' state from a checkpoint's ``state`` (what ``checkpoint.load_state`` read)."""
+    for library in c.libraries:
+        library.load_state_dict(state["libraries"][type(library).__name__])

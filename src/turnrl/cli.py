@@ -1,6 +1,7 @@
-"""`turnrl train | eval | play | watch | report | envs | init | export | completion`: argument parsing, printing, exit codes.
+"""`turnrl train | sft | eval | serve | play | watch | report | envs | init | export | completion`: argument parsing, printing, exit codes.
 
-`train` and `eval` call :mod:`turnrl.api`, the functions Python code calls (``turnrl.train``, ``turnrl.evaluate``).
+`train`, `sft` and `eval` call :mod:`turnrl.api`, the functions Python code calls (``turnrl.train``, ``turnrl.sft``,
+``turnrl.evaluate``).
 """
 
 from __future__ import annotations
@@ -87,6 +88,25 @@ def cmd_train(args) -> int:
     return _exit_code(run.run_dir) if run.ran else 0  # not ran: the run had finished, and train said how to extend it
 
 
+def cmd_sft(args) -> int:
+    from turnrl.api import sft
+
+    _quiet_transformers()
+    run = sft(args.config, *args.overrides)
+    if run.before or run.after:
+        print(f"held-out success {_success(run.before)} -> {_success(run.after)}")
+    print(f"{run.num_demos} demonstrations: {run.run_dir / 'demos.jsonl'}\ncheckpoint: {run.model_path}\n"
+          f"next: turnrl train {'-c ' + args.config + ' ' if args.config else ''}model.path={run.model_path}")
+    return 0
+
+
+def _success(m: dict[str, float]) -> str:
+    """``0.250 [0.12-0.43]`` of ``eval/*`` metrics, ``-`` when there are none."""
+    if not m:
+        return "-"
+    return f"{m['eval/success_rate']:.3f} [{m['eval/success_ci_low']:.2f}-{m['eval/success_ci_high']:.2f}]"
+
+
 def _exit_code(run_dir: Path) -> int:
     """0 for a run that ended by itself; 130 / 143 (as a shell reports them) for one a SIGINT / SIGTERM stopped."""
     from turnrl.monitor.files import read_status
@@ -142,6 +162,24 @@ def _count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is not a count >= 0")
     return value
+
+
+def cmd_serve(args) -> int:
+    from turnrl.build import build_server
+
+    _quiet_transformers()
+    cfg = _load(args)
+    server = build_server(cfg)
+    record = cfg.serve.record_file or "not written (serve.record_file='')"
+    print(f"serving {cfg.model.path} at {server.url} (OpenAI-compatible, docs/serve.md); closed episodes: {record}; "
+          "Ctrl-C stops", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        server.close()
+    return 0
 
 
 def cmd_play(args) -> int:
@@ -243,12 +281,25 @@ A command's examples: turnrl COMMAND --help. From Python: turnrl.train(...), tur
   turnrl train --resume runs/NAME train.steps=80 # extend a finished run
   turnrl train --import myenvs env.id=guess-v0   # your own env, registered in ./myenvs.py
   turnrl train --help-config algo                # one section's keys (or one key: --help-config train.lr)""",
+    "sft": """examples:
+  turnrl sft -c configs/sokoban_sft.yaml         # oracle demonstrations, SFT, held-out eval, a checkpoint
+  turnrl sft sft.demos=file sft.demo_file=runs/NAME/demos.jsonl sft.steps=100
+  turnrl sft sft.demos=sample sft.attempts=8     # rejection sampling: the model's own successes
+Then RL from it: turnrl train -c configs/sokoban_sft.yaml model.path=runs/NAME/checkpoints/step_000050/model
+(docs/demos.md; algo.demo_coef=0.1 algo.demo_file=runs/NAME/demos.jsonl keeps an SFT term during RL)""",
     "eval": """examples:
   turnrl eval                                    # the untrained base model on the held-out tasks
   turnrl eval --checkpoint runs/NAME --json      # a run's latest checkpoint, every metric as JSON
   turnrl eval --checkpoint runs/NAME eval.num_tasks=200
   turnrl eval env.id=sokoban-v0 eval.greedy=false
   turnrl eval --engine openai --base-url http://localhost:8000/v1 --api-model MODEL""",
+    "serve": """examples:
+  turnrl serve                                   # the default model at http://127.0.0.1:8000/v1
+  turnrl serve model.path=runs/NAME/checkpoints/step_000040/model serve.port=8001
+  turnrl serve serve.port=0 serve.record_file=runs/served.jsonl   # any free port; where closed episodes go
+An agent: any OpenAI client with base_url=http://127.0.0.1:8000/v1 and the header X-Turnrl-Session per episode,
+then POST /v1/sessions/ID/reward {"reward": 1.0, "success": true}. To train on what agents play: turnrl train
+serve.train=true (docs/serve.md).""",
     "play": """examples:
   turnrl play frozenlake-v0 --seed 3
   turnrl play frozenlake-v0 slippery=true size=8
@@ -317,6 +368,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="openai: retries after a connection error, HTTP 429 or 5xx, with exponential backoff; a timed-out "
                         "request is retried once at most (the engine's default: 4)")
     p.set_defaults(fn=cmd_eval)
+
+    p = _command(sub, "sft", "supervised fine-tuning on demonstrations (oracle, a file, or rejection sampling), then "
+                             "a checkpoint `turnrl train model.path=...` starts RL from")
+    _add_config_args(p)
+    _add_import_arg(p)
+    p.set_defaults(fn=cmd_sft)
+
+    p = _command(sub, "serve", "an OpenAI-compatible API over the model that records each session's exact tokens "
+                               "as a trajectory (docs/serve.md)")
+    _add_config_args(p)
+    p.set_defaults(fn=cmd_serve)
 
     p = _command(sub, "play", "play an env yourself in the terminal")
     p.add_argument("env", help="env id, e.g. frozenlake-v0")
@@ -390,8 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ModelNotFoundError, FileNotFoundError, FileExistsError, RemoteEngineError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except TrainingDiverged as e:  # the run's files say what happened; the last good checkpoint is intact
-        print(f"error: {e}", file=sys.stderr)
+    except (TrainingDiverged, TimeoutError) as e:  # the run's files say what happened; the last good checkpoint is intact
+        print(f"error: {e}", file=sys.stderr)  # TimeoutError: e.g. served episodes that never came (serve.wait_timeout_s)
         return 1
     except KeyboardInterrupt:
         print("interrupted; the last checkpoint is intact (resume with `turnrl train --resume RUN`)", file=sys.stderr)

@@ -10,6 +10,9 @@
         monitor.after_step(...)                                    # metrics, trajectories, detectors -> go/stop/rollback
         evaluate on held-out tasks every `eval.every` steps; checkpoint every `log.checkpoint_every`
 
+With ``scale.async_mode`` the next steps' batches are collected by a background thread while the learner updates
+(:mod:`turnrl.scale.async_rollout`); each turn keeps the weight version that sampled it.
+
 What it implements, plainly: on-policy policy gradient with a PPO-clip surrogate against the engine's
 behaviour logprobs (one optimizer step per batch by default, so the ratio is 1 up to bf16 noise and the
 clip only matters with ``ppo_epochs > 1``), per-turn advantages from the configured estimator (the
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from turnrl import checkpoint, credit
+from turnrl.agent.demos import demo_batch
 from turnrl.build import Components, Task, build, describe, restore, sampling_params, save
 from turnrl.config import Config, write_config
 from turnrl.credit.base import is_env_error
@@ -45,6 +49,7 @@ from turnrl.learner import ValueBatch, build_samples
 from turnrl.monitor.metrics import credit_metrics, eval_metrics, rollout_metrics, step_metrics
 from turnrl.monitor.monitor import Monitor
 from turnrl.rollout import RolloutStats
+from turnrl.scale.async_rollout import collection, staleness_metrics
 from turnrl.types import Advantages, TrainSample, TrajectoryGroup
 
 
@@ -64,7 +69,8 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
     prm = load_prm(cfg.algo.prm) if cfg.algo.prm else None
     t_start = time.perf_counter()
 
-    with Monitor(run_dir, cfg, c.tokenizer, resumed=state) as monitor:
+    with (Monitor(run_dir, cfg, c.tokenizer, resumed=state) as monitor,
+          collection(c, lambda parts, s: collect_step(parts, s, sampling)) as collect):  # async: a producer thread
         monitor.start(describe(c), c.tasks.eval_tasks)
         if ckpt is not None:
             monitor.saved(ckpt)
@@ -76,7 +82,7 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
             if monitor.stop_requested:  # a signal before this step began: the last checkpoint is the run's state
                 break
             t0 = time.perf_counter()
-            groups, collected, tasks, stats = collect_step(c, step, sampling)
+            groups, collected, tasks, stats = collect(step)
             t_rollout = time.perf_counter() - t0
             trajectories = [t for g in groups for t in g.trajectories]
             step_params = credit_inputs(c, groups, estimator, params)  # critic values / greedy baselines, if declared
@@ -85,8 +91,10 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
             if cfg.algo.skip_zero_advantage and cfg.algo.kl_coef == 0 and cfg.algo.entropy_coef == 0:
                 samples = [s for s in samples if any(a != 0.0 for a in s.advantages)]
             t1 = time.perf_counter()
-            metrics, broken = learn(c, samples, value_batch(c, groups, estimator, step_params))
+            demos = demo_batch(c.demos, step, cfg.algo.demo_batch)  # demo-guided RL (algo.demo_coef), else none
+            metrics, broken = learn(c, samples, value_batch(c, groups, estimator, step_params), demos)
             metrics.update(c.shaper.last_metrics if c.shaper else {})
+            metrics.update(staleness_metrics(samples, c.engine.version) | collect.last_metrics)  # before the sync
             t_train = time.perf_counter() - t1
             done = step + 1
             if broken:  # stop: never sample from, or checkpoint, a model the update broke
@@ -97,14 +105,19 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
             metrics["rollout/train_groups"] = float(len(groups))
             metrics["rollout/collected_groups"] = float(len(collected))
             metrics.update(credit_metrics(groups, advantages))
+            for library in c.libraries:  # experience and skill libraries learn from the credited batch
+                metrics.update(library.learn(groups, advantages, c.engine.version))
             metrics.update(step_metrics(samples, stats, t_rollout, t_train, t_start))
             monitor.record_tasks(done, tasks)
             out_of_time = cfg.train.max_minutes > 0 and (time.perf_counter() - t_start) > 60 * cfg.train.max_minutes
             if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps or out_of_time:
                 metrics.update(evaluate(c))
+            if c.selfplay is not None:  # Elo over the opponent pool, win rate against the base, the pool's next snapshot
+                metrics.update(c.selfplay.after_step(done, groups, metrics))
             action = monitor.after_step(done, metrics, groups, advantages, samples)
             if action == "rollback":  # the bad steps' weights are gone; the step counter (hence the tasks) moves on
                 monitor.rolled_back(done, restore(c, monitor.rollback_target)["step"], metrics)
+                collect.restart()  # batches collected ahead came from the discarded weights
                 continue
             at_end = (done == cfg.train.steps or out_of_time) and cfg.log.checkpoint_at_end
             if (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0) or at_end or action == "stop":
@@ -199,13 +212,15 @@ def assign_credit(c: Components, groups: list[TrajectoryGroup], estimator, param
     return advantages
 
 
-def learn(c: Components, samples: list[TrainSample], values: ValueBatch | None) -> tuple[dict[str, float], str | None]:
-    """The learner's update; returns its metrics and, when the update broke the model, what broke.
+def learn(c: Components, samples: list[TrainSample], values: ValueBatch | None, demos: list[TrainSample] | None = None
+          ) -> tuple[dict[str, float], str | None]:
+    """The learner's update (with the auxiliary NLL of ``demos``, if any); returns its metrics and, when the update
+    broke the model, what broke.
 
     Broken: a non-finite gradient (the learner skips that step) or non-finite weights after it.
     """
     try:
-        metrics = c.learner.update(samples, values)
+        metrics = c.learner.update(samples, values, demos or ())
     except FloatingPointError as e:
         return {}, f"a non-finite gradient ({e})"
     bad = checkpoint.non_finite_parameters(c.model)

@@ -57,6 +57,7 @@ class Turn:
     anchor: str | None = None  # anchor-state key of the state the model acted in
     finish_reason: str = "stop"  # "stop" (stop token/string) or "length" (hit the per-turn token limit)
     info: dict[str, Any] = field(default_factory=dict)
+    version: int = 0  # policy version: the engine weight version that sampled this response (Completion.version)
 
 
 @dataclass
@@ -69,10 +70,12 @@ class Trajectory:
     termination: Termination = Termination.TRUNCATED_TURNS
     success: bool = False  # the env's verifier says the task was solved
     group_index: int = 0  # which group (task) this trajectory belongs to
-    policy_version: int = 0  # engine weight version that produced every turn
+    policy_version: int = 0  # engine weight version of the last turn; each turn keeps its own (Turn.version)
     error: str | None = None  # message when termination == ENV_ERROR; also records a close() that failed after any ending
     context: str = "per_step"  # context strategy that produced the token ids
     task_key: str | None = None  # what makes two tasks the same (Env.task_key()); None if the env gave none
+    agent: str | None = None  # multi-agent envs: the role whose turns these are (one trajectory per role and episode)
+    team_return: float | None = None  # multi-agent envs: the episode's mean return over its roles (credit/multiagent.py)
 
     @property
     def total_reward(self) -> float:
@@ -113,8 +116,9 @@ class TrainSample:
     """One row the learner trains on.
 
     All lists have the same length (the sequence length). ``loss_mask`` is 1 exactly on the model's own
-    tokens (responses); observation, template and prompt tokens are 0. ``behaviour_logprobs`` and
-    ``advantages`` are meaningful only where ``loss_mask`` is 1 and are 0 elsewhere.
+    tokens (responses); observation, template and prompt tokens are 0. ``behaviour_logprobs``,
+    ``advantages`` and ``policy_versions`` are meaningful only where ``loss_mask`` is 1 and are 0 elsewhere;
+    ``policy_versions`` is empty for a sample no engine sampled (a demonstration).
     """
 
     input_ids: list[int]
@@ -123,6 +127,7 @@ class TrainSample:
     advantages: list[float]
     traj_index: int = 0  # index into the batch's trajectory list
     turn_index: int = -1  # -1 for a whole-conversation sample (``full``), else the turn it covers
+    policy_versions: list[int] = field(default_factory=list)  # per token: the version that sampled it (Turn.version)
 
     def __len__(self) -> int:
         return len(self.input_ids)

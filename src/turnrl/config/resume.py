@@ -13,10 +13,12 @@ from turnrl.config.schema import Config, ConfigError
 
 
 #: What ``turnrl train --resume RUN`` may change (``fnmatch`` patterns): how long to train, how to evaluate, log and
-#: watch, and knobs that change neither the method nor what the checkpoint's state means. ``train.lr`` is the one
-#: optimizer setting: Adam's moments do not depend on it, so a new rate continues the run as a schedule would.
+#: watch, where the rollout service listens, and knobs that change neither the method nor what the checkpoint's state
+#: means. ``train.lr`` is the one optimizer setting: Adam's moments do not depend on it, so a new rate continues the
+#: run as a schedule would.
 RESUMABLE = ("train.steps", "train.max_minutes", "train.threads", "train.lr", "train.grad_clip",
-             "train.micro_batch_tokens", "env.step_timeout_s", "eval.*", "log.*", "monitor.*")
+             "train.micro_batch_tokens", "env.step_timeout_s", "eval.*", "log.*", "monitor.*",
+             "serve.host", "serve.port", "serve.*_timeout_s", "serve.record_file", "scale.sync_timeout_s")
 #: Inside those sections, what names the run directory (the resumed run is the directory given).
 FIXED_ON_RESUME = ("log.run_dir", "log.name")
 

@@ -8,9 +8,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from turnrl.config.experience import ExperienceConfig
 from turnrl.config.lora import LoraConfig
+from turnrl.config.memory import MemoryConfig
+from turnrl.config.multiagent import MultiAgentConfig
 from turnrl.config.names import _value_hint
+from turnrl.config.scale import ScaleConfig
 from turnrl.config.section import Section
+from turnrl.config.serve import ServeConfig
+from turnrl.config.sft import SftConfig
 
 
 class ConfigError(ValueError):
@@ -50,9 +56,13 @@ class RolloutConfig(Section):
     )
     tasks_per_step: int = Field(4, ge=1, description="distinct tasks (seeds) per training step")
     group_size: int = Field(8, ge=1, description="episodes per task (GRPO group size)")
-    context: Literal["per_step", "full"] = Field(
-        "per_step", description="'per_step': rebuild the prompt each turn (flat context); 'full': one growing conversation"
+    context: Literal["per_step", "full", "budgeted"] = Field(
+        "per_step", description="'per_step': rebuild the prompt each turn (flat context); 'full': one growing "
+        "conversation; 'budgeted': every turn since the start (or the last compress summary), the oldest dropped past "
+        "rollout.budget_tokens, the budget left shown each turn (docs/memory.md)"
     )
+    budget_tokens: int = Field(0, ge=0, description="budgeted: the prompt budget past which the oldest turns are "
+                                                   "dropped (0 = unset; must be set for budgeted, <= max_context_tokens)")
     history_turns: int = Field(0, ge=0, description="per_step: previous turns kept in the prompt")
     few_shot: bool = Field(True, description="put the env's example exchanges before the real turn")
     max_new_tokens: int = Field(6, ge=1, description="per-turn response token limit")
@@ -76,6 +86,16 @@ class AlgoConfig(Section):
     ratio_level: Literal["token", "sequence"] = Field(
         "token", description="'token': PPO's per-token ratio; 'sequence': GSPO's length-normalised sequence ratio"
     )
+    is_correction: Literal["none", "decoupled", "tis", "mis"] = Field(
+        "none", description="off-policy correction for stale (scale.async_mode) or mismatched engine logprobs: 'none' = "
+        "PPO's ratio against the behaviour logprobs; otherwise decoupled PPO, the ratio against the learner's own "
+        "logprobs before the update and each token weighted by w = pi_learner / pi_behaviour: 'decoupled' = w as is, "
+        "'tis' = min(w, is_cap), 'mis' = w where 1/is_cap <= w <= is_cap, else 0 (docs/algorithms.md)"
+    )
+    is_level: Literal["token", "sequence"] = Field(
+        "token", description="the correction's w per token, or per sample ('sequence': the geometric mean over its tokens)"
+    )
+    is_cap: float = Field(2.0, gt=1.0, description="C of algo.is_correction: tis truncates w at C, mis keeps [1/C, C]")
     entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus coefficient (0 = entropy is only a metric)")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
         "token-mean", description="how per-token losses are aggregated"
@@ -130,6 +150,13 @@ class AlgoConfig(Section):
         "trajectory", description="GiGPO episode-level statistics: 'trajectory' = one reward per trajectory (the paper); "
         "'step' = one per step row, so a trajectory counts once per turn it took (verl-agent's implementation)"
     )
+    demo_coef: float = Field(
+        0.0, ge=0.0, description="demonstration-guided RL: weight c of the auxiliary NLL on demonstration tokens, "
+        "loss = policy loss + c * demo NLL, logged as train/demo_nll (0 = off; docs/algorithms.md)"
+    )
+    demo_file: str = Field("", description="algo.demo_coef > 0: the demonstration JSONL (docs/demos.md; `turnrl sft` "
+                                           "writes RUN/demos.jsonl)")
+    demo_batch: int = Field(8, ge=1, description="demonstration samples in each step's auxiliary loss (cycled in order)")
 
 
 class TrainConfig(Section):
@@ -215,6 +242,12 @@ class Config(Section):
     log: LogConfig = Field(default_factory=LogConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    experience: ExperienceConfig = Field(default_factory=ExperienceConfig)
+    sft: SftConfig = Field(default_factory=SftConfig)
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    multiagent: MultiAgentConfig = Field(default_factory=MultiAgentConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Config":
@@ -229,6 +262,9 @@ class Config(Section):
             raise ValueError("algo.kl_coef > 0 needs a reference model: set model.reference=true")
         if self.algo.kl_in_reward > 0 and not self.model.reference:
             raise ValueError("algo.kl_in_reward > 0 needs a reference model: set model.reference=true")
+        if self.algo.demo_coef > 0 and not self.algo.demo_file:
+            raise ValueError("algo.demo_coef > 0 needs demonstrations: set algo.demo_file=FILE.jsonl (`turnrl sft` writes "
+                             "RUN/demos.jsonl; docs/demos.md)")
         from turnrl.credit import estimator_flag, get_estimator
 
         needs_critic = estimator_flag(get_estimator(self.algo.estimator), "needs_critic")

@@ -5,6 +5,7 @@
 
 Built in: ``grpo`` (and Dr.GRPO via ``norm_std=False``), ``rloo``, ``grpo_turn``, ``gigpo``, ``reinforce_pp``, ``reinforce_pp_baseline``,
 ``remax``, and with a critic ``ppo_token``, ``ppo_turn``, ``ppo_bilevel`` (GAE, see ``gae.py``).
+Multi-agent team credit: ``team_grpo`` and ``counterfactual`` (``multiagent.py``).
 Add one with ``@register_estimator("name")`` on a function of the same signature. Trajectories that ended in an
 env error are left out of every registered estimator's statistics and get advantage 0 (``base.py``);
 ``group_counts(groups)`` counts them and the singleton groups left behind, for logging.
@@ -30,6 +31,7 @@ from turnrl.credit.gigpo import gigpo
 from turnrl.credit.reinforce import reinforce_pp, reinforce_pp_baseline
 from turnrl.credit.remax import remax
 from turnrl.credit.gae import ppo_bilevel, ppo_token, ppo_turn
+from turnrl.credit.multiagent import counterfactual, team_grpo
 
 __all__ = [
     "Advantages",
@@ -49,6 +51,8 @@ __all__ = [
     "ppo_token",
     "ppo_turn",
     "ppo_bilevel",
+    "team_grpo",
+    "counterfactual",
     "ValueInputs",
     "estimator_flag",
     "turn_returns",

@@ -1,7 +1,7 @@
 """Environments: the contract (``base``), registry (``make``/``register``), ``wrappers``, ``check_env``, built-ins.
 
-Built-in ids (``turnrl envs`` lists them): ``frozenlake-v0``, ``sokoban-v0``, ``code-v0`` (runs code in
-``turnrl.envs.sandbox``) and ``webshop-v0``. Their modules are imported on the first ``make``; an unregistered
+Built-in ids (``turnrl envs`` lists them): ``frozenlake-v0``, ``sokoban-v0``, ``keys-v0`` (needs memory),
+``code-v0`` (runs code in ``turnrl.envs.sandbox``) and ``webshop-v0``. Their modules are imported on the first ``make``; an unregistered
 env is made by its ``"package.module:Class"``.
 Adapter ids (``openenv-v0``, ``textarena-v0``, ``reasoning-gym-v0``, ``gym-*-v0``) wrap other
 standards' envs; see :mod:`turnrl.envs.adapters`.
@@ -25,6 +25,24 @@ register(
     description="Sokoban; a seeded 6x6 room with one box per seed, solvable in 4-10 moves (size, boxes, length configurable)",
     max_turns=20,
 )
+register(
+    "keys-v0",
+    "turnrl.envs.keys:KeysAndDoors",
+    description="keys and doors: a colour code shown only at the start must be said at a vault door 6 rooms later (memory)",
+    max_turns=12,
+)
+register(
+    "relay-v0",
+    "turnrl.envs.relay:CodeRelay",
+    description="multi-agent, cooperative: a speaker sees a secret code and must SAY it; the listener, who cannot see it, ENTERs it",
+    max_turns=6,
+)
+register(
+    "nim-v0",
+    "turnrl.envs.nim:Nim",
+    description="multi-agent, competitive: two players alternate TAKE <count> FROM <heap>; taking the last object wins",
+    max_turns=24,
+)
 
 # Adapters to other environment standards (src/turnrl/envs/adapters/). Each needs an optional package,
 # imported on the first make(); without it make() says: pip install 'turnrl[envs]'.
@@ -39,6 +57,13 @@ register(
     description="a TextArena single-player game (game=GuessTheNumber-v0, TowerOfHanoi-v0, Minesweeper-v0-small, ...)",
     game="GuessTheNumber-v0",
     max_turns=32,
+)
+register(
+    "textarena-duel-v0",
+    "turnrl.envs.adapters.textarena_duel:TextArenaDuel",
+    description="multi-agent: a TextArena two-player game, one role per player (game=TicTacToe-v0, ConnectFour-v0, ...)",
+    game="TicTacToe-v0",
+    max_turns=40,
 )
 register(
     "reasoning-gym-v0",

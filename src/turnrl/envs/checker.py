@@ -261,7 +261,7 @@ def check_env(
     following ``solve()`` (when implemented) reaches success. Then the fuzz stage: ``fuzz`` cases of hostile
     text (:mod:`turnrl.envs.fuzz`), each after a fresh reset, must each give a well-formed step (an invalid turn
     where nothing parses) without raising. Every call must return within ``step_timeout_s``. Then ``close()``
-    is called twice.
+    is called twice. A multi-agent env is checked by :func:`turnrl.envs.multiagent.check_multiagent_env` instead.
 
     The actions played are the oracle's plan, else the responses of ``examples()``, else garbage text.
 
@@ -278,6 +278,10 @@ def check_env(
             (0: no limit).
     """
     env = _build(env_or_id, make_kwargs)
+    from turnrl.envs.multiagent import MultiAgentEnv, check_multiagent_env  # it imports this module
+
+    if isinstance(env, MultiAgentEnv):
+        return check_multiagent_env(env, seeds, check_solve=check_solve)
     probe = _Probe(env, step_timeout_s)
     try:
         keys = {seed: _check_seed(probe, seed, check_solve) for seed in seeds}

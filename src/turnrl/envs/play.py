@@ -16,13 +16,17 @@ def play(env_id: str, seed: int | None = None, *, input_fn: Callable[[str], str]
     how the episode ended. ``input_fn`` (default: ``input``) and ``print_fn`` let tests script a session.
 
     Returns ``{"return": float, "turns": int, "success": bool, "termination": "terminated" |
-    "truncated (<reason>)" | "quit"}``.
+    "truncated (<reason>)" | "quit"}``; for a multi-agent env, :func:`~turnrl.envs.multiagent.hot_seat`'s result
+    (you play every role in turn).
     """
     from turnrl.envs import make
+    from turnrl.envs.multiagent import MultiAgentEnv, hot_seat
 
     input_fn = input_fn or input  # looked up at call time, so a patched builtins.input is honoured
     total, turns, success, result = 0.0, 0, False, "quit"
     with make(env_id, **env_kwargs) as env:
+        if isinstance(env, MultiAgentEnv):
+            return hot_seat(env, seed, input_fn=input_fn, print_fn=print_fn)
         obs, _ = env.reset(seed=seed)
         print_fn(env.instructions)
         print_fn("(type an action; '?' shows the oracle's next move; 'q' quits)\n")

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnrl.envs.base import Env
+from turnrl.envs.multiagent import MultiAgentEnv, wrap as wrap_multiagent
 from turnrl.envs.wrappers import EpisodeStatistics, InvalidActionPenalty, OracleProgress, TurnLimit
 
 DEFAULT_MAX_TURNS = 16
@@ -216,6 +217,8 @@ def make(env_id: str, **kwargs: Any) -> Env:
     factory = s.load()
     _check_kwargs(env_id, factory, merged)
     env = factory(**merged)
+    if isinstance(env, MultiAgentEnv):  # its own turn limit and penalty (envs/multiagent.py)
+        return wrap_multiagent(env, int(wrapper_kwargs.pop("max_turns", DEFAULT_MAX_TURNS)), **wrapper_kwargs)
     if wrapper_kwargs.get("progress_reward"):
         env = OracleProgress(env, wrapper_kwargs["progress_reward"])
     if wrapper_kwargs.get("invalid_penalty"):

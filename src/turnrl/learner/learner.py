@@ -111,6 +111,10 @@ class LearnerParams:
     loss_agg: str
     norm_len: float  # seq-mean-token-sum-norm's constant, an episode's budget: env.max_turns * rollout.max_new_tokens
     vf_coef: float
+    demo_coef: float = 0.0  # weight of the auxiliary NLL on demonstration samples (losses.demo_nll)
+    is_correction: str = "none"  # "none": PPO against the behaviour logprobs; else decoupled PPO (losses.behaviour_weights)
+    is_level: str = "token"
+    is_cap: float = 2.0
 
     @classmethod
     def from_config(cls, cfg: Config) -> "LearnerParams":
@@ -121,19 +125,28 @@ class LearnerParams:
             temperature=cfg.rollout.temperature, ppo_epochs=a.ppo_epochs, clip_low=a.clip_low, clip_high=a.clip_high,
             dual_clip=a.dual_clip, ratio_level=a.ratio_level, entropy_coef=a.entropy_coef, kl_coef=a.kl_coef,
             kl_type=a.kl_type, kl_clamp=a.kl_clamp, loss_agg=a.loss_agg,
-            norm_len=float(cfg.env.max_turns * cfg.rollout.max_new_tokens), vf_coef=a.vf_coef,
+            norm_len=float(cfg.env.max_turns * cfg.rollout.max_new_tokens), vf_coef=a.vf_coef, demo_coef=a.demo_coef,
+            is_correction=a.is_correction, is_level=a.is_level, is_cap=a.is_cap,
         )
 
 
 @dataclass
 class _Sums:
-    """One epoch's statistics: token-weighted sums (divided by the token count at the end) and maxima."""
+    """One epoch's statistics: token-weighted sums (divided by the token count at the end) and extremes (``maxima``:
+    the maximum over micro-batches, or the minimum for a key ending in ``_min``)."""
 
     sums: dict[str, float] = field(default_factory=dict)
     maxima: dict[str, float] = field(default_factory=dict)
 
     def add(self, k: str, v: float) -> None:
         self.sums[k] = self.sums.get(k, 0.0) + v
+
+    def extreme(self, k: str, v: float) -> None:
+        """Fold ``v`` into ``k``'s extreme: a minimum for ``*_min`` keys, else a maximum."""
+        if k.endswith("_min"):
+            self.maxima[k] = min(self.maxima.get(k, float("inf")), v)
+        else:
+            self.maxima[k] = max(self.maxima.get(k, float("-inf")), v)
 
 
 class Learner:
@@ -155,21 +168,26 @@ class Learner:
         self.optimizer = torch.optim.AdamW(groups, lr=params.lr, betas=tuple(params.betas), weight_decay=params.weight_decay)
         warm = params.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        self._proximal: list[torch.Tensor] = []  # this update's proximal logprobs, one per micro-batch, in order
+        self._proximal_read = 0  # micro-batches of the current epoch that have read theirs
 
     def _autocast(self):
         if self.params.autocast_bf16:
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def update(self, samples: Sequence[TrainSample], value_batch=None) -> dict[str, float]:
+    def update(self, samples: Sequence[TrainSample], value_batch=None, demos: Sequence[TrainSample] = ()) -> dict[str, float]:
         """One optimizer step (per PPO epoch) over ``samples``; returns train/* metrics.
 
         Every micro-batch's loss is normalised by the whole batch's token and sequence counts, so the summed
         gradient does not depend on the split. With a critic, ``value_batch`` (a
         :class:`turnrl.learner.critic.ValueBatch`) adds ``vf_coef`` times the clipped value loss to the same
-        step (``head``) or steps the separate value model alongside.
+        step (``head``) or steps the separate value model alongside. With ``params.demo_coef > 0``, ``demos``
+        (demonstration samples) add ``demo_coef`` times their token-mean NLL (:func:`losses.demo_nll`) to the same
+        step, logged as ``train/demo_nll``.
         """
-        if not samples and value_batch is None:
+        demos = demos if self.params.demo_coef > 0 else ()
+        if not samples and value_batch is None and not demos:
             return {"train/num_samples": 0.0}
         num_tokens = float(sum(sum(s.loss_mask) for s in samples))
         num_seqs = float(len(samples))
@@ -178,13 +196,17 @@ class Learner:
         loss_seqs = episodes if self.params.loss_agg == "seq-mean-token-sum-norm" else num_seqs
         batches = micro_batches(samples, self.params.micro_batch_tokens)
         self.model.train()
+        self._proximal = []
         for _ in range(self.params.ppo_epochs):
+            self._proximal_read = 0
             self.optimizer.zero_grad(set_to_none=True)
             if self.critic is not None:
                 self.critic.zero_grad()
             stats = _Sums()
             for mb in batches:
                 self._policy_backward(collate(mb, self.pad_id), num_tokens, loss_seqs, stats)
+            if demos:
+                stats.maxima["demo_nll"] = self._demo_backward(demos, self.params.demo_coef)
             if self.critic is not None and value_batch is not None:
                 with self._autocast():
                     # already batch means; the last epoch's values are logged
@@ -211,10 +233,18 @@ class Learner:
             if self.ref_model is not None and p.kl_coef > 0:
                 ref_logits = self._reference_logits(batch)
         logp = packed_logprobs(logits, batch, p.temperature)
+        old, weights = batch.old_logprobs, None
+        if p.is_correction != "none":  # decoupled PPO: clip against the proximal policy, weight against the behaviour
+            old = self._proximal_logprobs(logp)
+            weights, is_stats = losses.behaviour_weights(old, batch.old_logprobs, batch.mask, mode=p.is_correction,
+                                                         level=p.is_level, cap=p.is_cap)
         per_tok, clip_stats = losses.ppo_clip_loss(
-            logp, batch.old_logprobs, batch.advantages, batch.mask, clip_low=p.clip_low, clip_high=p.clip_high,
+            logp, old, batch.advantages, batch.mask, clip_low=p.clip_low, clip_high=p.clip_high,
             dual_clip=p.dual_clip, ratio_level=p.ratio_level,
         )
+        if weights is not None:
+            per_tok = per_tok * weights
+            clip_stats.update(is_stats)
         if p.entropy_coef > 0:  # bonus: minimise -H (the metric below is computed without grad)
             per_tok = per_tok - p.entropy_coef * packed_entropy(logits, batch, p.temperature)
         if ref_logits is not None:
@@ -231,10 +261,46 @@ class Learner:
             stats.add("behaviour_logprob_diff", float(((logp.detach() - batch.old_logprobs).abs() * batch.mask).sum()))
         stats.add("loss", float(loss.detach()))
         for k, v in clip_stats.items():
-            if k.endswith("_max"):  # a maximum over micro-batches, not a token-weighted mean
-                stats.maxima[k] = max(stats.maxima.get(k, float("-inf")), float(v))
+            if k.endswith(("_max", "_min")):  # an extreme over micro-batches, not a token-weighted mean
+                stats.extreme(k, float(v))
             else:
                 stats.add(k, float(v) * n)
+
+    def _proximal_logprobs(self, logp: torch.Tensor) -> torch.Tensor:
+        """pi_prox of the decoupled objective: the policy before this update, i.e. the first epoch's own logprobs
+        (detached; no extra forward pass), kept per micro-batch for the later epochs, which see the micro-batches
+        in the same order."""
+        if self._proximal_read == len(self._proximal):
+            self._proximal.append(logp.detach())
+        self._proximal_read += 1
+        return self._proximal[self._proximal_read - 1]
+
+    def sft_update(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """One supervised optimizer step: the token-mean NLL of ``samples``' loss-masked tokens (``turnrl sft``).
+
+        Returns ``train/demo_nll`` (the loss before the step), ``train/grad_norm``, ``train/lr``, ``train/num_tokens``.
+        """
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        nll = self._demo_backward(samples, 1.0)
+        grad_norm = self._step(_Sums())
+        return {"train/demo_nll": nll, "train/grad_norm": grad_norm, "train/lr": self.scheduler.get_last_lr()[0],
+                "train/num_tokens": float(sum(sum(s.loss_mask) for s in samples))}
+
+    def _demo_backward(self, samples: Sequence[TrainSample], coef: float) -> float:
+        """Accumulate ``coef`` times the token-mean NLL of ``samples`` (micro-batched, one global normaliser); returns
+        the NLL."""
+        num_tokens = float(sum(sum(s.loss_mask) for s in samples))
+        total = 0.0
+        for mb in micro_batches(samples, self.params.micro_batch_tokens):
+            batch = collate(mb, self.pad_id)
+            with self._autocast():
+                logits = response_logits(self.model, batch)
+            per_tok = losses.demo_nll(packed_logprobs(logits, batch, 1.0), batch.mask)
+            nll = losses.aggregate(per_tok, batch.mask, "token-mean", num_tokens=num_tokens)
+            (coef * nll).backward()
+            total += float(nll.detach())
+        return total
 
     def _step(self, stats: _Sums) -> float:
         """Clip the global gradient norm and step (the separate critic too); a non-finite norm skips the step."""

@@ -21,6 +21,7 @@ import torch
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 KLKind = Literal["k1", "k2", "k3", "k3+"]
 RatioLevel = Literal["token", "sequence"]
+ISMode = Literal["decoupled", "tis", "mis"]
 
 KL_LOG_RATIO_CLAMP = 20.0
 """|log(p_ref / p)| is clamped to this before ``exp`` in k3 (exp(20) ~ 4.9e8 stays finite in fp32 and bf16)."""
@@ -61,7 +62,8 @@ def ppo_clip_loss(
     Args:
         logprobs: current policy log-probabilities of the emitted tokens (carry the gradient).
             Shape: (batch, seq_len)
-        old_logprobs: behaviour log-probabilities the engine sampled with (no gradient is taken).
+        old_logprobs: behaviour log-probabilities the engine sampled with, or the learner's proximal ones in the
+            decoupled objective (:func:`behaviour_weights`); no gradient is taken.
             Shape: (batch, seq_len)
         advantages: per-token advantages, broadcast from the turn's advantage. Shape: (batch, seq_len)
         mask: 1 on loss tokens. Shape: (batch, seq_len)
@@ -116,6 +118,99 @@ def ppo_clip_loss(
                 "ratio_max": float(r[m].max()),
             }
     return loss, stats
+
+
+def behaviour_weights(
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: ISMode,
+    level: RatioLevel = "token",
+    cap: float = 2.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    r"""Importance weights of the learner's proximal policy against the behaviour policy the engine sampled with,
+    for the decoupled PPO objective (docs/algorithms.md, "Off-policy correction").
+
+    With w the importance ratio pi_prox / pi_behav (no gradient: both are fixed for the update),
+
+        level "token":     log w_t = log pi_prox(y_t) - log pi_behav(y_t)
+        level "sequence":  log w_b = (1 / |b|) sum_{t in b} (log pi_prox(y_t) - log pi_behav(y_t))
+                           the geometric mean over sample b's loss tokens, given to every token of b
+
+    and C = ``cap`` > 1, the weight is
+
+        "decoupled"  w                          AReaL's decoupled PPO (Fu et al. 2025, arXiv:2505.24298), uncapped
+        "tis"        min(w, C)                  truncated IS (Yao et al. 2025, "Your Efficient RL Framework Secretly
+                                                Brings You Off-Policy RL Training"; C = 2 there)
+        "mis"        w * 1[1/C <= w <= C]       masked IS: a token (or sequence) outside the band weighs 0
+                                                (Liu et al. 2025, "When Speed Kills Stability"; verl's mask mode)
+
+    The sequence weight is the geometric mean, not the product prod_t w_t: the product is the unbiased sequence
+    weight, but its log is a sum over the sample's tokens, so its spread grows with length and any fixed C would
+    truncate or mask nearly every long sample (a full-context episode has hundreds of tokens); the geometric mean is
+    length-normalised as GSPO's sequence ratio is, at the cost of a bias. A "sequence" is one training sample (one
+    turn with ``per_step``, the conversation with ``full``). A masked token keeps its place in the loss normaliser,
+    as a zero advantage would, so the gradient does not depend on the micro-batch split.
+    log w is clamped to [-20, 20] before ``exp`` (``KL_LOG_RATIO_CLAMP``).
+
+    Shapes: all (batch, seq_len); ``mask`` 1 on loss tokens. Returns the weights (0 where ``mask`` is 0) and stats
+    over loss tokens (0.0 when there are none), logged as ``train/<key>``: ``is_ratio_mean``, ``is_ratio_max``,
+    ``is_ratio_min`` (of w before truncation or masking), ``is_truncated_frac`` (tis: w > C),
+    ``is_masked_frac`` (mis: w outside [1/C, C]).
+    """
+    if cap <= 1.0:
+        raise ValueError(f"the importance-weight cap must be > 1 (got {cap}); set algo.is_cap, e.g. 2.0")
+    m = mask.bool()
+    with torch.no_grad():
+        log_w = torch.where(m, proximal_logprobs - behaviour_logprobs, torch.zeros_like(proximal_logprobs))
+        if level == "sequence":
+            seq = log_w.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)
+            log_w = torch.where(m, seq.expand_as(log_w), torch.zeros_like(log_w))
+        elif level != "token":
+            raise ValueError(f"is_level must be 'token' or 'sequence' (got {level!r})")
+        w = torch.exp(log_w.clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP))
+        truncated = masked = torch.zeros_like(m)
+        if mode == "tis":
+            truncated = m & (w > cap)
+            weights = w.clamp(max=cap)
+        elif mode == "mis":
+            masked = m & ((w < 1.0 / cap) | (w > cap))
+            weights = torch.where(masked, torch.zeros_like(w), w)
+        elif mode == "decoupled":
+            weights = w
+        else:
+            raise ValueError(f"unknown importance-sampling correction {mode!r}; valid: decoupled, tis, mis")
+        weights = torch.where(m, weights, torch.zeros_like(weights))
+        n = int(m.sum())
+        stats = dict.fromkeys(("is_ratio_mean", "is_ratio_max", "is_ratio_min", "is_truncated_frac", "is_masked_frac"), 0.0)
+        if n:
+            stats = {
+                "is_ratio_mean": float(w[m].sum()) / n,
+                "is_ratio_max": float(w[m].max()),
+                "is_ratio_min": float(w[m].min()),
+                "is_truncated_frac": float(truncated.sum()) / n,
+                "is_masked_frac": float(masked.sum()) / n,
+            }
+    return weights, stats
+
+
+# --------------------------------------------------------------------------------------------- demonstrations
+
+
+def demo_nll(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    r"""Negative log-likelihood of demonstration tokens, per token: supervised fine-tuning's loss, and the auxiliary
+    term of demonstration-guided RL (docs/algorithms.md, "Demonstrations").
+
+        L_t = -log pi(y_t | y_<t)        on the demonstration's own (agent) tokens, 0 elsewhere
+
+    ``aggregate(..., "token-mean")`` makes it the token-mean NLL, (1 / N_demo) sum_t L_t. The learner weights it by
+    ``algo.demo_coef`` during RL and by 1 in ``turnrl sft``; it uses logprobs at temperature 1 (the model's own
+    distribution, not the sampling one).
+
+    Shape: (batch, seq_len) -> (batch, seq_len); ``mask`` 1 on demonstration tokens.
+    """
+    return torch.where(mask.bool(), -logprobs, torch.zeros_like(logprobs))
 
 
 # --------------------------------------------------------------------------------------------- value loss

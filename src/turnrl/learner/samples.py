@@ -23,8 +23,8 @@ def build_samples(trajectories: Sequence[Trajectory], advantages: Advantages) ->
     """One sample per turn (``per_step`` trajectories) or per trajectory (``full``).
 
     Each response token gets its advantage from ``advantages`` (:meth:`Advantages.token_values`: the turn's
-    value on every token, or the token-level estimators' own per-token values). Trajectories that ended in an
-    env error are not trained on.
+    value on every token, or the token-level estimators' own per-token values) and the policy version of its turn
+    (``Turn.version``). Trajectories that ended in an env error are not trained on.
     """
     if len(advantages) != len(trajectories):
         raise ValueError(f"{len(trajectories)} trajectories but advantages for {len(advantages)}")
@@ -35,15 +35,16 @@ def build_samples(trajectories: Sequence[Trajectory], advantages: Advantages) ->
         if len(advantages.turns[i]) != len(traj.turns):
             raise ValueError(f"trajectory {i} has {len(traj.turns)} turns but {len(advantages.turns[i])} advantages")
         if traj.context == "full":
-            ids, mask, lps, advs = [], [], [], []
+            ids, mask, lps, advs, versions = [], [], [], [], []
             for j, turn in enumerate(traj.turns):
                 n = len(turn.response_ids)
                 ids += turn.prompt_ids + turn.response_ids
                 mask += [0] * len(turn.prompt_ids) + [1] * n
                 lps += [0.0] * len(turn.prompt_ids) + list(turn.logprobs)
                 advs += [0.0] * len(turn.prompt_ids) + advantages.token_values(i, j, n)
+                versions += [0] * len(turn.prompt_ids) + [turn.version] * n
             if any(mask):
-                samples.append(TrainSample(ids, mask, lps, advs, traj_index=i, turn_index=-1))
+                samples.append(TrainSample(ids, mask, lps, advs, traj_index=i, turn_index=-1, policy_versions=versions))
             continue
         for j, turn in enumerate(traj.turns):
             n, p = len(turn.response_ids), len(turn.prompt_ids)
@@ -57,6 +58,7 @@ def build_samples(trajectories: Sequence[Trajectory], advantages: Advantages) ->
                     advantages=[0.0] * p + advantages.token_values(i, j, n),
                     traj_index=i,
                     turn_index=j,
+                    policy_versions=[0] * p + [turn.version] * n,
                 )
             )
     return samples

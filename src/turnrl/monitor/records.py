@@ -69,6 +69,7 @@ def write_trajectories(run_dir: Path, step: int, groups: list[TrajectoryGroup], 
             entropies = t.info.get("token_entropies")
             if entropies is not None and len(entropies) == n:
                 row["entropies"] = [float(e) for e in entropies]
+            row |= {k: t.info[k] for k in ("memory", "context") if k in t.info}  # turnrl.agent.memory, budgeted context
             if trained is not None:
                 why = masked_by(i, j, traj, t)
                 row["masked_by"] = why
@@ -84,6 +85,8 @@ def write_trajectories(run_dir: Path, step: int, groups: list[TrajectoryGroup], 
             "termination": traj.termination.value,
             "error": traj.error,
             "reward": traj.total_reward,
+            "agent": traj.agent,
+            "team_return": traj.team_return,
             "turns": turns,
         })
     with (run_dir / "trajectories.jsonl").open("a") as f:

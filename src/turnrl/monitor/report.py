@@ -146,6 +146,8 @@ def _trajectory_view(row: dict[str, Any], max_text_chars: int) -> dict[str, Any]
             "reward_components": {str(k): _finite(v) for k, v in (t.get("reward_components") or {}).items()},
             "finish_reason": t.get("finish_reason"),
             "masked_by": t.get("masked_by"),
+            "memory": t.get("memory"),
+            "context": t.get("context"),
         })
     return {
         "step": row.get("step"),

@@ -7,9 +7,11 @@ a network or a subprocess overlap). With a :class:`~turnrl.engines.base.SessionE
 sequence for its lifetime: the engine batches whatever turns are in flight (continuous batching) and
 keeps each sequence's KV cache between turns. What the model is shown each turn is the context strategy's
 (:mod:`turnrl.agent.context`), observations cut to ``ContextSpec.max_observation_tokens`` (a cut turn records
-the original length in ``Turn.info["observation_truncated"]``). Trajectories keep the exact token ids the engine
-conditioned on and produced, the behaviour logprobs, per-turn reward components, the anchor state each turn acted
-in, the task key, and why the episode ended.
+the original length in ``Turn.info["observation_truncated"]``; a ``budgeted`` turn records which earlier turns it
+showed in ``Turn.info["context"]``, and a ``compress`` memory turn's summary replaces the earlier ones).
+Trajectories keep the exact token ids the engine conditioned on and produced, the behaviour logprobs and the weight
+version that sampled each turn (``Turn.version``: an episode in flight across a weight sync keeps both), per-turn
+reward components, the anchor state each turn acted in, the task key, and why the episode ended.
 
 A failing env ends only its own episode (``Termination.ENV_ERROR``, the reason in ``Trajectory.error``), never the
 batch: ``reset``/``step`` raising, taking longer than ``step_timeout_s``, or replying in the wrong shape (an
@@ -185,9 +187,11 @@ class Collector:
             observation=ep.context.observation,
             response_text=text,
             finish_reason=comp.finish_reason,
+            version=comp.version,
         )
         if ep.context.observation_cut is not None:
             turn.info["observation_truncated"] = ep.context.observation_cut
+        turn.info.update(ep.context.record())  # budgeted: which earlier turns the prompt showed
         ep.traj.turns.append(turn)
         ep.traj.policy_version = comp.version
         try:
@@ -209,7 +213,8 @@ class Collector:
         if truncated:
             _end(ep.traj, ep.env, Termination.TRUNCATED_CONTEXT if info.get("truncation") == "context" else Termination.TRUNCATED_TURNS)
             return False
-        ep.context.advance(turn.response_ids, text, obs, self.tokenizer.eos_token_id)
+        compressed = turn.info.get("memory") == "compress" and turn.valid  # turnrl.agent.memory
+        ep.context.advance(turn.response_ids, text, obs, self.tokenizer.eos_token_id, summary=compressed)
         return True
 
     async def _env_call(self, what: str, call: Awaitable[T]) -> T:

@@ -179,6 +179,13 @@ function colorTokens() {
     div.querySelectorAll(".tok").forEach((s, k) => { s.style.backgroundColor = tokenColor(mode, (u[mode] || [])[k]); });
   });
 }
+function contextNote(c) {  // a budgeted turn's context (docs/memory.md); turn numbers from 1
+  const parts = [], from = c.summary === null ? 0 : c.summary + 1;
+  if (c.summary !== null) parts.push(`turn ${c.summary + 1}'s summary stands for turns 1-${c.summary + 1}`);
+  if (c.first > from) parts.push(c.first === from + 1 ? `turn ${c.first} dropped` : `turns ${from + 1}-${c.first} dropped`);
+  parts.push(`${c.budget_left} tokens of budget left`);
+  return "context: " + parts.join(" · ");
+}
 function renderTrajectory() {
   const box = document.getElementById("turns"), sum = document.getElementById("traj-summary");
   box.textContent = ""; sum.textContent = "";
@@ -188,7 +195,8 @@ function renderTrajectory() {
     `termination ${t.termination} · reward ${fmt(t.reward)} · ${t.success ? "solved" : "not solved"}`));
   t.turns.forEach((u, j) => {
     const div = el("div", {class: "turn", "data-turn": j});
-    div.appendChild(el("h4", {}, `Turn ${j + 1}`));
+    div.appendChild(el("h4", {}, `Turn ${j + 1}` + (u.memory ? ` · memory turn: ${u.memory}` : "")));
+    if (u.context) div.appendChild(el("div", {class: "meta"}, contextNote(u.context)));
     div.appendChild(el("div", {class: "meta"}, "observation"));
     div.appendChild(el("div", {class: "obs"}, u.observation));
     div.appendChild(el("div", {class: "meta"}, `response (${u.tokens.length} tokens${u.finish_reason ? ", finish: " + u.finish_reason : ""})`));
