@@ -9,7 +9,7 @@ import yaml
 from turnrl.cli import main
 from turnrl.config import load_config
 from turnrl.monitor.card import DEFAULT_BASE_MODEL, base_model, model_card
-from turnrl.monitor.export import export_trajectories
+from turnrl.monitor.export import export_demonstrations, export_trajectories
 from turnrl.monitor.files import read_jsonl
 
 
@@ -101,3 +101,25 @@ def test_base_model_is_the_hub_id_of_the_default_and_none_for_a_local_directory(
     assert base_model(str(tmp_path)) is None
     (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "default"}))
     assert base_model(str(tmp_path)) == DEFAULT_BASE_MODEL  # a LoRA adapter directory: its base
+
+
+def test_demonstrations_export_one_row_per_turn_and_load_back(tmp_path):
+    from turnrl.agent.demos import write_demos
+    from turnrl.types import Termination, Trajectory, Turn
+
+    def turn(s: int, j: int) -> Turn:
+        return Turn(prompt_ids=[1, 2, 3 + j], response_ids=[7, 8 + s, 2], logprobs=[0.0] * 3, observation=f"obs {j}",
+                    response_text="Down", actions=["down"], reward=float(j))
+
+    demos = [Trajectory(env_id="frozenlake-v0", seed=s, task_key=f"map{s}", success=True,
+                        termination=Termination.TERMINATED, turns=[turn(s, j) for j in range(2)]) for s in range(3)]
+    path = write_demos(tmp_path / "demos.jsonl", demos, "oracle", vocab_size=49152)
+    assert main(["export", str(path), "--out", str(tmp_path / "ds")]) == 0
+    ds = datasets.load_dataset(str(tmp_path / "ds"), cache_dir=str(tmp_path / "hf-cache"))["train"]
+    assert len(ds) == 6 and ds["trajectory"] == [0, 0, 1, 1, 2, 2] and ds["turn"] == [0, 1] * 3
+    assert ds["prompt_ids"][3] == [1, 2, 4] and ds["response_ids"][4] == [7, 10, 2] and ds["loss_mask"][4] == [1, 1, 1]
+    assert ds["task_key"][5] == "map2" and ds["source"][0] == "oracle" and ds["reward"][:2] == [0.0, 1.0]
+    assert _front_matter((tmp_path / "ds" / "README.md").read_text())["tags"][2] == "demonstrations"
+    (tmp_path / "not_demos.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(FileNotFoundError, match="not a demonstration file"):
+        export_demonstrations(tmp_path / "not_demos.jsonl", tmp_path / "out")

@@ -251,13 +251,15 @@ def cmd_init(args) -> int:
 
 def cmd_export(args) -> int:
     from turnrl.config import ConfigError
-    from turnrl.monitor.export import export_trajectories
+    from turnrl.monitor.export import export_demonstrations, export_trajectories
 
+    demos = Path(args.run).is_file()  # a demonstration JSONL (docs/demos.md), else a run directory
     try:
-        done = export_trajectories(args.run, args.out)
+        done = (export_demonstrations if demos else export_trajectories)(args.run, args.out)
     except ImportError as e:  # pyarrow, in the export extra
         raise ConfigError(str(e)) from None
-    print(f"exported {done.trajectories} trajectories ({done.turns} turns, a row each) to {done.path}\n"
+    what = "demonstrations" if demos else "trajectories"
+    print(f"exported {done.trajectories} {what} ({done.turns} turns, a row each) to {done.path}\n"
           f"load it: datasets.load_dataset(\"parquet\", data_files=\"{done.path.parent / '*.parquet'}\")")
     return 0
 
@@ -319,7 +321,8 @@ serve.train=true (docs/serve.md).""",
 Then: cd number-walk && pip install -e . && pytest; `turnrl envs` lists number-walk-v0 (docs/envs.md).""",
     "export": """examples:
   turnrl export runs/NAME --out runs/NAME/dataset   # Parquet, one row per turn (docs/export.md)
-  turnrl export runs/NAME --out ds               # then in Python: datasets.load_dataset("ds")["train"]""",
+  turnrl export runs/NAME --out ds               # then in Python: datasets.load_dataset("ds")["train"]
+  turnrl export runs/SFT/demos.jsonl --out demos  # demonstrations (turnrl sft writes them; docs/demos.md)""",
     "completion": """examples:
   source <(turnrl completion bash)               # in this shell
   turnrl completion bash > ~/.local/share/bash-completion/completions/turnrl
@@ -411,8 +414,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", default=".", help="the directory to create NAME/ in (default: the current one)")
     p.set_defaults(fn=cmd_init)
 
-    p = _command(sub, "export", "write a run's trajectories as a Hugging Face dataset (Parquet, one row per turn)")
-    p.add_argument("run", help="a run directory")
+    p = _command(sub, "export", "write a run's trajectories or a demonstration file as a Hugging Face dataset "
+                 "(Parquet, one row per turn)")
+    p.add_argument("run", help="a run directory, or a demonstration JSONL (docs/demos.md)")
     p.add_argument("--out", required=True, help="the dataset directory to create (must not exist, or be empty)")
     p.set_defaults(fn=cmd_export)
 

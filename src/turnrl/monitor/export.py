@@ -8,7 +8,10 @@ each of its rows. Columns: docs/export.md.
 
 What is exported is what the run recorded in ``trajectories.jsonl``: the first ``log.sample_trajectories``
 trajectories of each step (docs/metrics.md), with the task key of each from ``task_keys.jsonl``. Prompts are their
-observation text and their exact ``prompt_ids`` (null in runs recorded before the records kept them). Demonstrations are not exported (turnrl records none yet).
+observation text and their exact ``prompt_ids`` (null in runs recorded before the records kept them).
+
+``turnrl export DEMOS.jsonl --out DIR`` exports a demonstration file (``docs/demos.md``: what ``turnrl sft`` writes
+as ``RUN/demos.jsonl``) the same way, one row per turn (:func:`export_demonstrations`).
 
 Needs ``pyarrow`` (``pip install 'turnrl[export]'``, which brings ``datasets`` to load the result).
 """
@@ -55,6 +58,51 @@ def export_trajectories(run_dir: Path | str, out: Path | str) -> Exported:
     pq.write_table(table, out / DATA_FILE)
     (out / "README.md").write_text(_dataset_card(run_dir, records, len(rows)))
     return Exported(out / DATA_FILE, len(rows), len(records))
+
+
+def export_demonstrations(path: Path | str, out: Path | str) -> Exported:
+    """Write the demonstration JSONL at ``path`` (``docs/demos.md``) to ``out/data/*.parquet`` with a dataset card.
+
+    One row per turn: the episode's ``source``, ``env_id``, ``seed``, ``task_key``, ``context``, ``success``,
+    ``termination`` and ``trajectory_reward`` on each of its rows, then the turn's ``observation``, ``response``,
+    exact ``prompt_ids`` and ``response_ids``, ``loss_mask`` (1 on every response token: a demonstration trains all of
+    them), ``actions``, ``valid``, ``reward``, ``finish_reason``. Raises like :func:`export_trajectories`.
+    """
+    from turnrl.agent.demos import FORMAT
+
+    path, out = Path(path), Path(out)
+    episodes = read_jsonl(path) if path.is_file() else []
+    if not episodes or any(e.get("format") != FORMAT for e in episodes):
+        raise FileNotFoundError(f"{path} is not a demonstration file (JSONL rows of format {FORMAT!r}, docs/demos.md): "
+                                "pass the demos.jsonl that `turnrl sft` wrote, or a run directory for its trajectories")
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} already exists and is not empty: choose another --out, or delete it")
+    pa, pq = _pyarrow()
+    rows = [{"source": e["source"], "env_id": e["env_id"], "seed": e["seed"], "task_key": e["task_key"],
+             "context": e["context"], "success": e["success"], "termination": e["termination"],
+             "trajectory_reward": e["reward"], "trajectory": i, "turn": j, "observation": t["observation"],
+             "response": t["response_text"], "prompt_ids": t["prompt_ids"], "response_ids": t["response_ids"],
+             "loss_mask": [1] * len(t["response_ids"]), "actions": t["actions"], "valid": t["valid"],
+             "reward": t["reward"], "finish_reason": t["finish_reason"]}
+            for i, e in enumerate(episodes) for j, t in enumerate(e["turns"])]
+    text, integer, real = pa.string(), pa.int64(), pa.float64()
+    schema = pa.schema([
+        ("source", text), ("env_id", text), ("seed", integer), ("task_key", text), ("context", text),
+        ("success", pa.bool_()), ("termination", text), ("trajectory_reward", real), ("trajectory", integer),
+        ("turn", integer), ("observation", text), ("response", text), ("prompt_ids", pa.list_(integer)),
+        ("response_ids", pa.list_(integer)), ("loss_mask", pa.list_(pa.int8())), ("actions", pa.list_(text)),
+        ("valid", pa.bool_()), ("reward", real), ("finish_reason", text),
+    ])
+    (out / DATA_FILE).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), out / DATA_FILE)
+    envs = sorted({e["env_id"] for e in episodes})
+    (out / "README.md").write_text(_card(
+        f"Demonstrations `{path.name}`", ["demonstrations", *envs],
+        f"{len(episodes)} demonstration episodes ({len(rows)} turns, one row per turn) on {', '.join(envs)}, "
+        "from turnrl's demonstration format (docs/demos.md): the exact prompt and response token ids, with the loss "
+        "mask over the response tokens an SFT step trains on. An episode is the rows sharing `trajectory`, in `turn` "
+        "order."))
+    return Exported(out / DATA_FILE, len(rows), len(episodes))
 
 
 def turn_rows(records: list[dict[str, Any]], keys: dict[tuple[int, int], str | None], run: str) -> list[dict[str, Any]]:
@@ -111,18 +159,23 @@ def _pyarrow():
 
 
 def _dataset_card(run_dir: Path, records: list[dict[str, Any]], turns: int) -> str:
-    """The dataset's README.md: hub front matter pointing at the Parquet file, and what the rows are."""
+    """The dataset's README.md for a run's trajectories."""
     envs = sorted({r["env_id"] for r in records})
     steps = sorted({r["step"] for r in records})
-    front = {"library_name": "turnrl", "tags": ["turnrl", "reinforcement-learning", "trajectories", *envs],
-             "configs": [{"config_name": "default", "data_files": [{"split": "train", "path": "data/*.parquet"}]}]}
-    return (
-        f"---\n{yaml.safe_dump(front, sort_keys=False)}---\n\n"
-        f"# Trajectories of the turnrl run `{run_dir.name}`\n\n"
+    return _card(
+        f"Trajectories of the turnrl run `{run_dir.name}`", ["trajectories", *envs],
         f"{len(records)} trajectories ({turns} turns, one row per turn) sampled by the policy on {', '.join(envs)} at "
         f"training steps {steps[0]} to {steps[-1]}: the first `log.sample_trajectories` trajectories of each step, with "
-        "the exact response token ids, the behaviour logprobs, the loss mask, the per-token advantages and the "
-        "rewards. A trajectory is the rows sharing `step` and `trajectory`, in `turn` order.\n\n"
+        "the exact prompt and response token ids, the behaviour logprobs, the loss mask, the per-token advantages and "
+        "the rewards. A trajectory is the rows sharing `step` and `trajectory`, in `turn` order.")
+
+
+def _card(title: str, tags: list[str], what: str) -> str:
+    """A dataset README.md: hub front matter pointing at the Parquet file, a title, what the rows are, how to load it."""
+    front = {"library_name": "turnrl", "tags": ["turnrl", "reinforcement-learning", *tags],
+             "configs": [{"config_name": "default", "data_files": [{"split": "train", "path": "data/*.parquet"}]}]}
+    return (
+        f"---\n{yaml.safe_dump(front, sort_keys=False)}---\n\n# {title}\n\n{what}\n\n"
         "```python\nfrom datasets import load_dataset\n\n"
         "ds = load_dataset(\"parquet\", data_files=\"data/*.parquet\")[\"train\"]\n```\n\n"
         "Columns: turnrl's docs/export.md.\n"
