@@ -8,7 +8,7 @@ import pytest
 
 from turnrl.agent import ContextSpec
 from turnrl.credit import CreditParams, get_estimator
-from turnrl.engines import HFEngine, SamplingParams
+from turnrl.engines import SamplingParams
 from turnrl.engines.base import Completion
 from turnrl.envs import make
 from turnrl.learner import build_samples
@@ -16,16 +16,9 @@ from turnrl.rollout.multiagent import MultiAgentCollector
 from turnrl.rollout.selfplay import Elo, SelfPlay, expected_score
 from turnrl.types import Advantages, Termination, Trajectory, TrajectoryGroup, Turn
 
+from tests.test_rollout import RecordingEngine  # an HF engine that keeps every (prompt, response) it generated
 
-class RecordingEngine(HFEngine):
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        self.seen = []
 
-    def generate(self, prompts, params):
-        outs = super().generate(prompts, params)
-        self.seen.extend((list(p), list(o.token_ids)) for p, o in zip(prompts, outs))
-        return outs
 
 
 class ScriptedEngine:
