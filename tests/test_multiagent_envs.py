@@ -180,3 +180,19 @@ def test_turnrl_play_on_a_multi_agent_env_is_the_hot_seat():
     printed = []
     result = play("nim-v0", seed=0, input_fn=lambda prompt: "q", print_fn=printed.append)  # once raised AttributeError
     assert result["finished"] is False and set(result["returns"]) == set(result["success"]) and printed
+
+
+def test_nim_forfeits_a_player_that_cannot_move_legally():
+    env = Nim(forfeit_after=3)
+    env.reset(seed=0)
+    for _ in range(2):
+        out = env.step({"first": "pass"})  # invalid: feedback, the same player again
+        assert env.acting() == ("first",) and not any(out.terminated.values())
+    out = env.step({"first": "pass"})  # the third in a row loses the game
+    assert out.rewards == {"first": -1.0, "second": 1.0} and all(out.terminated.values()) and env.acting() == ()
+    assert out.infos["second"]["success"] and "forfeited" in out.observations["second"]
+    assert "you lost" in out.observations["first"] and "you won" in out.observations["second"]
+    env.reset(seed=0)  # a legal move resets the count
+    env.step({"first": "pass"}), env.step({"first": "pass"}), env.step({"first": "TAKE 1 FROM 1"})
+    env.step({"second": "pass"})
+    assert env.acting() == ("second",) and env.invalid_in_a_row == 1

@@ -6,7 +6,9 @@ taking 1..all of one non-empty heap. Both players see the heaps and the opponent
 
 Reward (component ``"outcome"``): +1 to the player who takes the last object, -1 to the other, paid on that
 move (the loser gets it on its last turn); ``success`` is winning. An unparsable or illegal move is invalid
-(feedback, the same player moves again). The oracle plays Bouton's winning strategy: move to a position whose
+(feedback, the same player moves again); ``forfeit_after`` invalid moves in a row (default 3; 0 = never) forfeit the
+game to the opponent, so a player that cannot move legally loses instead of running out the turn limit with no
+winner (an untrained model rarely writes a legal move: without it, win rates against it say nothing). The oracle plays Bouton's winning strategy: move to a position whose
 nim-sum (XOR of the heaps) is 0; from a zero nim-sum position, where every move loses against perfect play, it
 takes one object from the largest heap. :func:`largest_heap_rule` is the best simple fixed rule it is measured
 against. The task key is the starting heaps.
@@ -30,15 +32,18 @@ _RULES = ("Nim: players alternate taking 1 or more objects from one heap; whoeve
 
 
 class Nim(MultiAgentEnv):
-    """Nim (module docstring). ``heaps``: 1..6 heaps; ``max_heap``: the largest starting heap, 1..9."""
+    """Nim (module docstring). ``heaps``: 1..6 heaps; ``max_heap``: the largest starting heap, 1..9;
+    ``forfeit_after``: invalid moves in a row that lose the game (0 = never)."""
 
     roles = (FIRST, SECOND)
     role_instructions = {FIRST: f"You move first. {_RULES}", SECOND: f"You move second. {_RULES}"}
 
-    def __init__(self, heaps: int = 3, max_heap: int = 4) -> None:
-        if not (1 <= heaps <= 6 and 1 <= max_heap <= 9):
-            raise ValueError(f"heaps={heaps} must be in 1..6 and max_heap={max_heap} in 1..9")
-        self.num_heaps, self.max_heap = heaps, max_heap
+    def __init__(self, heaps: int = 3, max_heap: int = 4, forfeit_after: int = 3) -> None:
+        if not (1 <= heaps <= 6 and 1 <= max_heap <= 9 and forfeit_after >= 0):
+            raise ValueError(f"heaps={heaps} must be in 1..6, max_heap={max_heap} in 1..9 and forfeit_after={forfeit_after} >= 0")
+        self.num_heaps, self.max_heap, self.forfeit_after = heaps, max_heap, forfeit_after
+        self.invalid_in_a_row = 0
+        self.winner: str | None = None
         self.heaps: list[int] = []
         self.start: tuple[int, ...] = ()
         self.mover = FIRST
@@ -48,24 +53,30 @@ class Nim(MultiAgentEnv):
         rng = random.Random(seed)
         self.heaps = [rng.randint(1, self.max_heap) for _ in range(self.num_heaps)]
         self.start, self.mover, self.last_move = tuple(self.heaps), FIRST, ""
+        self.invalid_in_a_row, self.winner = 0, None
         return {r: self._view(r) for r in self.roles}, {}
 
     def acting(self) -> tuple[str, ...]:
-        return (self.mover,) if any(self.heaps) else ()
+        return (self.mover,) if self.winner is None else ()
 
     def step(self, actions: Mapping[str, str]) -> MultiStep:
         if set(actions) != set(self.acting()):
             raise ValueError(f"step() got actions of {sorted(actions)}; acting now: {list(self.acting())}")
         mover = self.mover
         move = self._parse(actions[mover])
+        other = SECOND if mover == FIRST else FIRST
         if isinstance(move, str):  # why the move is not legal
+            self.invalid_in_a_row += 1
+            if self.forfeit_after and self.invalid_in_a_row >= self.forfeit_after:
+                self.last_move, self.winner = f"{mover} forfeited after {self.invalid_in_a_row} invalid moves in a row.", other
+                return self._result({r: self._view(r) for r in self.roles}, [], other, mover)
             return self._result({mover: f"{move} Move with: TAKE <count> FROM <heap>\n{self._view(mover)}"}, [], won=None)
         count, heap = move
         self.heaps[heap - 1] -= count
-        self.last_move = f"{mover} took {count} from heap {heap}."
-        won = mover if not any(self.heaps) else None
-        self.mover = SECOND if mover == FIRST else FIRST
-        return self._result({r: self._view(r) for r in self.roles}, [f"TAKE {count} FROM {heap}"], won, mover)
+        self.last_move, self.invalid_in_a_row = f"{mover} took {count} from heap {heap}.", 0
+        self.winner = mover if not any(self.heaps) else None
+        self.mover = other
+        return self._result({r: self._view(r) for r in self.roles}, [f"TAKE {count} FROM {heap}"], self.winner, mover)
 
     def _parse(self, text: str) -> tuple[int, int] | str:
         found = _MOVE.search(text)
@@ -88,8 +99,8 @@ class Nim(MultiAgentEnv):
 
     def _view(self, role: str) -> str:
         heaps = " ".join(f"{i}:{n}" for i, n in enumerate(self.heaps, 1))
-        if not any(self.heaps):
-            return f"{self.last_move} Game over: {'you won' if role != self.mover else 'you lost'}."
+        if self.winner is not None:
+            return f"{self.last_move} Game over: {'you won' if role == self.winner else 'you lost'}."
         turn = "Your move." if role == self.mover else "Wait for your opponent."
         return f"{self.last_move + ' ' if self.last_move else ''}Heaps: {heaps}. {turn}"
 
