@@ -22,3 +22,14 @@ def tiny_model(tokenizer):
     from turnrl.models import tiny_model
 
     return tiny_model(tokenizer, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    """The ``tiny_model`` (seed 0) and the tokenizer saved as a model directory, for ``model.path=`` (read only)."""
+    from turnrl.models import tiny_model
+
+    model_dir = tmp_path_factory.mktemp("tiny-model")
+    tiny_model(tokenizer, seed=0).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return model_dir

@@ -31,15 +31,10 @@ def _rows(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tokenizer):
+def runs(tmp_path_factory, tiny_model_dir):
     """The same tiny run, once by `turnrl train` and once by `turnrl.train`; returns (cli run dir, api RunResult)."""
-    from turnrl.models import tiny_model
-
     root = tmp_path_factory.mktemp("api")
-    model_dir = root / "tiny"
-    tiny_model(tokenizer, seed=0).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    common = [f"model.path={model_dir}", *TINY, f"log.run_dir={root / 'runs'}"]
+    common = [f"model.path={tiny_model_dir}", *TINY, f"log.run_dir={root / 'runs'}"]
     prm = f"algo.prm={first_turn_bonus.__module__}:first_turn_bonus"
     assert main(["train", *common, prm, "log.name=cli"]) == 0
     return root / "runs" / "cli", turnrl.train(None, *common, "log.name=api", reward=first_turn_bonus)

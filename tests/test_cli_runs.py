@@ -14,15 +14,10 @@ TINY = ["model.autocast_bf16=false", "rollout.tasks_per_step=2", "rollout.group_
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, tokenizer):
+def trained(tmp_path_factory, tiny_model_dir):
     """A finished one-step run of a tiny model (trained once per module; tests work on copies)."""
-    from turnrl.models import tiny_model
-
     root = tmp_path_factory.mktemp("trained")
-    model_dir = root / "tiny"
-    tiny_model(tokenizer, seed=0).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    assert main(["train", "train.steps=1", f"model.path={model_dir}", *TINY, f"log.run_dir={root / 'runs'}", "log.name=r"]) == 0
+    assert main(["train", "train.steps=1", f"model.path={tiny_model_dir}", *TINY, f"log.run_dir={root / 'runs'}", "log.name=r"]) == 0
     return root / "runs" / "r"
 
 

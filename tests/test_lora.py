@@ -150,13 +150,10 @@ def test_an_adapter_directory_loads_into_peft_and_back(tmp_path, tokenizer):
         assert torch.equal(ours(ids).logits, want)
 
 
-def test_eval_checkpoint_runs_on_a_lora_run(tmp_path, tokenizer, capsys):
-    model_dir = tmp_path / "tiny"
-    tiny_model(tokenizer, seed=0).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+def test_eval_checkpoint_runs_on_a_lora_run(tmp_path, tiny_model_dir, capsys):
     tiny = ["model.autocast_bf16=false", "rollout.tasks_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=2",
             "eval.num_tasks=2", "log.progress=false", "log.tensorboard=false", "log.report=false"]
-    assert main(["train", "train.steps=1", f"model.path={model_dir}", *tiny, *LORA, f"log.run_dir={tmp_path}", "log.name=r"]) == 0
+    assert main(["train", "train.steps=1", f"model.path={tiny_model_dir}", *tiny, *LORA, f"log.run_dir={tmp_path}", "log.name=r"]) == 0
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(tmp_path / "r"), "--json"]) == 0
     out = capsys.readouterr().out

@@ -87,11 +87,8 @@ def _read(path):
     return read_demos(path)
 
 
-def test_turnrl_sft_end_to_end_on_a_tiny_model(tokenizer, tiny_model, tmp_path, capsys):
-    model_dir = tmp_path / "tiny"
-    tiny_model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    args = ["sft", f"model.path={model_dir}", *TINY, "env.id=sokoban-v0", "env.max_turns=20", "sft.steps=2",
+def test_turnrl_sft_end_to_end_on_a_tiny_model(tiny_model_dir, tmp_path, capsys):
+    args = ["sft", f"model.path={tiny_model_dir}", *TINY, "env.id=sokoban-v0", "env.max_turns=20", "sft.steps=2",
             "sft.num_demos=2", f"log.run_dir={tmp_path / 'runs'}", "log.name=s"]
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -103,13 +100,10 @@ def test_turnrl_sft_end_to_end_on_a_tiny_model(tokenizer, tiny_model, tmp_path, 
     assert "turnrl sft -c configs/sokoban_sft.yaml" in capsys.readouterr().out
 
 
-def test_sft_on_lora_adapters_checkpoints_the_adapter_that_rl_loads(tokenizer, tiny_model, tmp_path):
+def test_sft_on_lora_adapters_checkpoints_the_adapter_that_rl_loads(tiny_model_dir, tmp_path):
     from turnrl.models.lora import is_lora
 
-    model_dir = tmp_path / "tiny"
-    tiny_model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    cfg = load_config(None, [*TINY, f"model.path={model_dir}", "lora.enabled=true", "sft.steps=2", "sft.num_demos=2",
+    cfg = load_config(None, [*TINY, f"model.path={tiny_model_dir}", "lora.enabled=true", "sft.steps=2", "sft.num_demos=2",
                              "sft.lr=1e-2", "eval.at_start=false", f"log.run_dir={tmp_path}", "log.name=lora"])
     c = build(cfg)
     run = sft(cfg, components=c)
