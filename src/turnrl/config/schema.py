@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from turnrl.config.curriculum import CurriculumConfig
 from turnrl.config.experience import ExperienceConfig
 from turnrl.config.lora import LoraConfig
 from turnrl.config.memory import MemoryConfig
@@ -127,6 +128,8 @@ class AlgoConfig(Section):
     vf_coef: float = Field(0.5, ge=0.0, description="value-loss coefficient")
     value_clip: float = Field(0.2, ge=0.0, description="PPO value clipping: |V - V_old| <= c in the value loss (0 = off)")
     critic_lr: float = Field(5e-5, gt=0.0, description="learning rate of the value head ('head') or the whole value model ('separate')")
+    fused_value: bool = Field(True, description="critic=head: compute the value loss on the policy's own forward pass "
+                              "(the same gradient, one pass fewer); false: a separate pass")
     lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
     gamma_token: float = Field(1.0, ge=0.0, le=1.0, description="per-token discount of token-level GAE and within a turn (bi-level)")
     whiten_advantages: bool = Field(True, description="GAE estimators: whiten advantages over the batch's response tokens")
@@ -173,6 +176,11 @@ class TrainConfig(Section):
     seed_start: int = Field(0, ge=0, description="first training task seed; tasks are seed_start, seed_start+1, ...")
     max_minutes: float = Field(0.0, ge=0.0, description="stop (and evaluate) after this wall time; 0 = no limit")
     threads: int = Field(0, ge=0, description="torch threads (0 = all cores)")
+    freeze_layers: int = Field(0, ge=0, description="freeze the embeddings and the first N decoder layers: they run "
+                               "forward only and get no update (the gradient of the rest is exact; docs/speed.md)")
+    prompt_grad: bool = Field(True, description="false: each micro-batch's context before its first predicting position "
+                              "runs without autograd, so the gradient ignores the path through the context's keys and "
+                              "values (an approximation, faster; docs/speed.md)")
 
 
 class EvalConfig(Section):
@@ -248,6 +256,7 @@ class Config(Section):
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     multiagent: MultiAgentConfig = Field(default_factory=MultiAgentConfig)
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Config":

@@ -17,11 +17,13 @@ stands in for the next state: a deviation from textbook bootstrapping that only 
 The value head starts at zero (weights and bias), so the first GAE step sees V = 0 everywhere.
 
 Cost. A micro-batch runs the prompt prefix its sequences share (system prompt, few-shot exchanges) once and
-broadcasts its keys/values (:mod:`turnrl.models.prefix`), as the learner does. The critic's passes are still
-separate from the policy's (a no-grad prediction for GAE, then a forward/backward for the value loss), so
-turn-level PPO's update costs about 2.2x GRPO's on FrozenLake (36 s vs 17 s per step, bench/credit.py,
-2026-12-04; 2.3x before the prefix was shared). Reading the ``head`` values off the policy's own forward
-pass is the remaining lever.
+broadcasts its keys/values (:mod:`turnrl.models.prefix`), as the learner does. With separate passes (a no-grad
+prediction for GAE, then a forward/backward for the value loss) turn-level PPO's update cost about 2.2x GRPO's on
+FrozenLake (36 s vs 17 s per step, bench/credit.py, 2026-12-04). In ``head`` mode the value loss now rides on the
+policy's own forward and backward by default (``algo.fused_value``; ``_FusedValues`` in :mod:`turnrl.learner.learner`:
+the value of a response token is read where the policy reads that token's logits), so only the no-grad prediction
+remains a pass of its own; :meth:`Critic.backward_value_loss` is the separate pass (``separate`` mode, or
+``algo.fused_value=false``).
 """
 
 from __future__ import annotations

@@ -20,10 +20,10 @@ from turnrl.learner import losses
 from turnrl.learner.samples import Batch, build_samples, collate, micro_batches
 from turnrl.models.lora import adapter_disabled
 from turnrl.models.prefix import additive_mask, forward, prefix_cache
-from turnrl.types import Advantages, TrainSample, Trajectory
+from turnrl.types import Advantages, Termination, TrainSample, Trajectory
 
 
-def response_logits(model, batch: Batch) -> torch.Tensor:
+def response_logits(model, batch: Batch, prompt_grad: bool = True) -> torch.Tensor:
     """Logits at the positions that predict a loss-masked target, packed in row-major order.
 
     Shape: (N, vocab), N = ``int(batch.mask.sum())``; :func:`unpack` puts per-token values back in
@@ -32,24 +32,51 @@ def response_logits(model, batch: Batch) -> torch.Tensor:
     only on these N positions: with ``context: full`` the kept span also holds observation / tool-output
     tokens between turns, and padding. Measured on full-context samples (bench/learner_memory.py): 1.08x
     faster update, 2% less peak memory; activations, not logits, set the memory.
+
+    ``prompt_grad=False`` (``train.prompt_grad``) runs every position before the kept span without autograd
+    (:func:`_context_cache`): the logits are the same, the gradient is an approximation.
     """
-    cache = prefix_cache(model, batch.prefix, batch.ids.shape[0]) if batch.prefix else None
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32
-    kwargs = dict(
-        input_ids=batch.ids,
-        attention_mask=additive_mask(batch.attention, batch.ids.shape[1], dtype),
-        position_ids=batch.positions,
-        use_cache=cache is not None,
-    )
-    where = batch.mask > 0
     parts = _decoder_and_head(model)
     if parts is None:  # a head that is more than a linear layer: take the model's own logits, then select
-        out, _ = forward(model, cache, logits_to_keep=batch.keep, **kwargs)
-        return out.logits[:, :-1][where]
-    decoder, head = parts
-    out, _ = forward(decoder, cache, **kwargs)
-    hidden = out.last_hidden_state[:, -batch.keep : -1]  # position t predicts token t+1
-    return head(hidden[where])
+        out = _kept_forward(model, model, batch, prompt_grad, logits_to_keep=batch.keep)
+        return out.logits[:, :-1][batch.mask > 0]
+    return parts[1](response_hidden(model, batch, prompt_grad))
+
+
+def response_hidden(model, batch: Batch, prompt_grad: bool = True) -> torch.Tensor:
+    """The decoder's last hidden state at :func:`response_logits`' positions, packed the same way. Shape: (N, hidden).
+
+    The policy's linear LM head maps them to the logits; a value head reads them in the fused critic (``head`` mode).
+    """
+    parts = _decoder_and_head(model)
+    if parts is None:
+        raise ValueError(f"{type(model).__name__}'s logits are not a linear head on the decoder's hidden states: "
+                         "set algo.fused_value=false")
+    out = _kept_forward(model, parts[0], batch, prompt_grad)
+    return out.last_hidden_state[:, -batch.keep : -1][batch.mask > 0]  # position t predicts token t+1
+
+
+def _kept_forward(model, module, batch: Batch, prompt_grad: bool, **kwargs):
+    """``module``'s forward over ``batch`` (the shared prefix from ``model``'s cache), with autograd on the kept span.
+
+    With ``prompt_grad`` the whole batch runs with autograd (the exact gradient). Without it, the prefix and every
+    column before the kept span run under ``no_grad`` and only the last ``batch.keep`` columns are recorded: their
+    queries attend to the context's keys and values as constants, so the gradient ignores the path through them.
+    """
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32
+    ids, positions, attention = batch.ids, batch.positions, batch.attention
+    context = 0 if prompt_grad else ids.shape[1] - batch.keep
+    with torch.set_grad_enabled(prompt_grad and torch.is_grad_enabled()):
+        cache = prefix_cache(model, batch.prefix, ids.shape[0]) if batch.prefix else None
+        if context:
+            past = attention.shape[1] - ids.shape[1] + context
+            _, cache = forward(module, cache, input_ids=ids[:, :context], position_ids=positions[:, :context],
+                               attention_mask=additive_mask(attention[:, :past], context, dtype), use_cache=True,
+                               **({"logits_to_keep": 1} if "logits_to_keep" in kwargs else {}))
+    out, _ = forward(module, cache, input_ids=ids[:, context:], position_ids=positions[:, context:],
+                     attention_mask=additive_mask(attention, ids.shape[1] - context, dtype),
+                     use_cache=cache is not None, **kwargs)
+    return out
 
 
 def _decoder_and_head(model):
@@ -115,6 +142,8 @@ class LearnerParams:
     is_correction: str = "none"  # "none": PPO against the behaviour logprobs; else decoupled PPO (losses.behaviour_weights)
     is_level: str = "token"
     is_cap: float = 2.0
+    prompt_grad: bool = True  # False: the context before each micro-batch's kept span runs without autograd
+    fused_value: bool = True  # a ``head`` critic's value loss reads the policy pass's hidden states (one pass, not two)
 
     @classmethod
     def from_config(cls, cfg: Config) -> "LearnerParams":
@@ -126,7 +155,8 @@ class LearnerParams:
             dual_clip=a.dual_clip, ratio_level=a.ratio_level, entropy_coef=a.entropy_coef, kl_coef=a.kl_coef,
             kl_type=a.kl_type, kl_clamp=a.kl_clamp, loss_agg=a.loss_agg,
             norm_len=float(cfg.env.max_turns * cfg.rollout.max_new_tokens), vf_coef=a.vf_coef, demo_coef=a.demo_coef,
-            is_correction=a.is_correction, is_level=a.is_level, is_cap=a.is_cap,
+            is_correction=a.is_correction, is_level=a.is_level, is_cap=a.is_cap, prompt_grad=t.prompt_grad,
+            fused_value=a.fused_value,
         )
 
 
@@ -147,6 +177,74 @@ class _Sums:
             self.maxima[k] = min(self.maxima.get(k, float("inf")), v)
         else:
             self.maxima[k] = max(self.maxima.get(k, float("-inf")), v)
+
+
+class _FusedValues:
+    """The ``head`` critic's value targets at each sample's loss tokens, for a value loss computed on the policy's pass.
+
+    The value of response token k is read at the position that predicts it (:mod:`turnrl.learner.critic`), which is
+    where the policy's logits are read, so the value loss can share the policy's forward and backward. The loss is the
+    mean clipped value loss over every target position of the batch, as :meth:`Critic.backward_value_loss` computes
+    it on a pass of its own; the statistics it logs are summed over one epoch's micro-batches.
+    """
+
+    STATS = ("value_loss", "value_clip_frac", "value_error", "value_mean", "return_mean")
+
+    def __init__(self, targets: dict[int, tuple[list[float], list[float], list[float]]], total: int) -> None:
+        self.targets = targets  # id(sample) -> (returns, old values, mask), one entry per loss token
+        self.total = total
+        self.sums = dict.fromkeys(self.STATS, 0.0)
+
+    @classmethod
+    def of(cls, samples: Sequence[TrainSample], vb) -> "_FusedValues | None":
+        """Targets of ``samples`` from the :class:`~turnrl.learner.critic.ValueBatch` ``vb``; None when some target
+        position has no sample (a filtered sample): the critic's own pass then trains on every target."""
+        targets, total = {}, 0
+        for s in samples:
+            turns = range(len(vb.trajectories[s.traj_index].turns)) if s.turn_index < 0 else [s.turn_index]
+            ret, old, mask = [], [], []
+            for j in turns:
+                ret += vb.returns[s.traj_index][j]
+                old += vb.old_values[s.traj_index][j]
+                mask += [float(m) for m in vb.mask[s.traj_index][j]]
+            targets[id(s)] = (ret, old, mask)
+            total += int(sum(mask))
+        wanted = sum(sum(sum(m) for m in turns) for t, turns in zip(vb.trajectories, vb.mask)
+                     if t.termination != Termination.ENV_ERROR)
+        return cls(targets, total) if total == wanted else None
+
+    def rows(self, mb: Sequence[TrainSample]) -> "_ValueRows | None":
+        """One micro-batch's targets, packed in its loss tokens' row-major order (None when there are none)."""
+        if not self.total:
+            return None
+        ret, old, mask = ([x for s in mb for x in self.targets[id(s)][k]] for k in range(3))
+        return _ValueRows(self, torch.tensor(ret), torch.tensor(old), torch.tensor(mask))
+
+    def means(self) -> dict[str, float]:
+        """This epoch's statistics (batch means over the target positions), then reset for the next epoch."""
+        out, self.sums = self.sums, dict.fromkeys(self.STATS, 0.0)
+        return out
+
+
+@dataclass
+class _ValueRows:
+    fused: _FusedValues
+    returns: torch.Tensor
+    old: torch.Tensor
+    mask: torch.Tensor
+
+    def loss(self, values: torch.Tensor, clip: float) -> torch.Tensor:
+        """This micro-batch's share of the batch's mean clipped value loss (its statistics go to ``fused``)."""
+        per, stats = losses.clipped_value_loss(values, self.old, self.returns, self.mask, clip)
+        total, n = self.fused.total, float(self.mask.sum())
+        loss = per.sum() / total
+        sums = self.fused.sums
+        sums["value_loss"] += float(loss.detach())
+        sums["value_clip_frac"] += stats["value_clip_frac"] * n / total
+        sums["value_error"] += stats["value_error"] * n / total
+        sums["value_mean"] += float((values.detach() * self.mask).sum()) / total
+        sums["return_mean"] += float((self.returns * self.mask).sum()) / total
+        return loss
 
 
 class Learner:
@@ -195,6 +293,7 @@ class Learner:
         episodes = float(len({s.traj_index for s in samples}))
         loss_seqs = episodes if self.params.loss_agg == "seq-mean-token-sum-norm" else num_seqs
         batches = micro_batches(samples, self.params.micro_batch_tokens)
+        fused = self._fused_value_targets(samples, value_batch)
         self.model.train()
         self._proximal = []
         for _ in range(self.params.ppo_epochs):
@@ -204,10 +303,12 @@ class Learner:
                 self.critic.zero_grad()
             stats = _Sums()
             for mb in batches:
-                self._policy_backward(collate(mb, self.pad_id), num_tokens, loss_seqs, stats)
+                self._policy_backward(collate(mb, self.pad_id), num_tokens, loss_seqs, stats, fused and fused.rows(mb))
             if demos:
                 stats.maxima["demo_nll"] = self._demo_backward(demos, self.params.demo_coef)
-            if self.critic is not None and value_batch is not None:
+            if fused:
+                stats.maxima.update(fused.means())
+            elif self.critic is not None and value_batch is not None:
                 with self._autocast():
                     # already batch means; the last epoch's values are logged
                     stats.maxima.update(self.critic.backward_value_loss(value_batch, self.params.vf_coef))
@@ -224,11 +325,17 @@ class Learner:
         })
         return metrics
 
-    def _policy_backward(self, batch: Batch, num_tokens: float, num_seqs: float, stats: _Sums) -> None:
-        """Accumulate one micro-batch's policy-loss gradient (PPO-clip, entropy bonus, KL to the reference)."""
+    def _policy_backward(self, batch: Batch, num_tokens: float, num_seqs: float, stats: _Sums,
+                         values: "_ValueRows | None" = None) -> None:
+        """Accumulate one micro-batch's policy-loss gradient (PPO-clip, entropy bonus, KL to the reference), plus the
+        fused critic's value loss at the same positions when ``values`` holds its targets."""
         p = self.params
         with self._autocast():
-            logits = response_logits(self.model, batch)
+            if values:
+                hidden = response_hidden(self.model, batch, p.prompt_grad)
+                logits = self.model.get_output_embeddings()(hidden)
+            else:
+                logits = response_logits(self.model, batch, p.prompt_grad)
             ref_logits = None
             if self.ref_model is not None and p.kl_coef > 0:
                 ref_logits = self._reference_logits(batch)
@@ -252,7 +359,11 @@ class Learner:
             per_tok = per_tok + p.kl_coef * kl
             stats.add("kl", float((kl.detach() * batch.mask).sum()))
         loss = losses.aggregate(per_tok, batch.mask, p.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=p.norm_len)
-        loss.backward()
+        if values:
+            value_loss = values.loss(self.critic.head(hidden.float()).squeeze(-1), self.critic.params.value_clip)
+            (loss + p.vf_coef * value_loss).backward()
+        else:
+            loss.backward()
         n = float(batch.mask.sum())
         with torch.no_grad():
             ent = packed_entropy(logits.detach(), batch, p.temperature)
@@ -265,6 +376,16 @@ class Learner:
                 stats.extreme(k, float(v))
             else:
                 stats.add(k, float(v) * n)
+
+    def _fused_value_targets(self, samples: Sequence[TrainSample], value_batch) -> "_FusedValues | None":
+        """The value targets of ``samples``' loss tokens when the ``head`` critic's loss rides on the policy's pass
+        (``fused_value``; the model's logits must be a linear head on its hidden states), else None."""
+        c = self.critic
+        if c is None or value_batch is None or c.mode != "head" or not self.params.fused_value:
+            return None
+        if _decoder_and_head(self.model) is None:
+            return None
+        return _FusedValues.of(samples, value_batch)
 
     def _proximal_logprobs(self, logp: torch.Tensor) -> torch.Tensor:
         """pi_prox of the decoupled objective: the policy before this update, i.e. the first epoch's own logprobs
@@ -295,7 +416,7 @@ class Learner:
         for mb in micro_batches(samples, self.params.micro_batch_tokens):
             batch = collate(mb, self.pad_id)
             with self._autocast():
-                logits = response_logits(self.model, batch)
+                logits = response_logits(self.model, batch, self.params.prompt_grad)
             per_tok = losses.demo_nll(packed_logprobs(logits, batch, 1.0), batch.mask)
             nll = losses.aggregate(per_tok, batch.mask, "token-mean", num_tokens=num_tokens)
             (coef * nll).backward()

@@ -1,0 +1,208 @@
+"""Cheaper updates, each measured against today's exact one: seconds per update, first-update cost, peak memory, and
+the gradient's direction against the exact gradient.
+
+The batch is what `turnrl train` trains on at step 0 of the default recipe (configs/default.yaml: SmolLM2-135M,
+FrozenLake, 4 tasks x 8 episodes, per-step context, grpo_turn): built, collected, credited and turned into samples by
+the library's own path (``build``, ``loop.collect_step``, ``loop.assign_credit``, ``build_samples``), once, in this
+process. Each arm then runs in a fresh subprocess, so one arm's memory high-water mark cannot hide another's: it
+loads the default model, applies the arm's config (``ARMS``), builds the learner from the same config (bf16
+autocast), runs a first update (cold: CPU kernels are built per shape; AdamW's state is created then), then
+``--updates`` timed ones on the same batch. Arms:
+
+- ``full``: today's default, the exact gradient of every parameter;
+- ``lora``: LoRA adapters (``lora.*`` defaults: rank 16 on every attention and MLP projection);
+- ``freeze15`` / ``freeze24``: ``train.freeze_layers`` = 15 / 24 of the 30 decoder layers (and the embeddings);
+- ``no_prompt_grad``: ``train.prompt_grad=false`` (the context before each micro-batch's kept span without autograd);
+- ``freeze15_no_prompt_grad``: both.
+
+Gradient direction: the first update's gradient (taken before its optimizer step, so at the same weights in every
+arm; after clipping, which only scales it) is compared with the ``full`` arm's by cosine, over all parameters (the
+frozen ones count as 0) and over the parameters the arm trains. LoRA's gradient lives on other parameters: no cosine.
+
+Memory is the subprocess's peak resident set size, ``getrusage(RUSAGE_SELF).ru_maxrss`` (the kernel's high-water
+mark of RSS, model load included; tracemalloc would miss torch's allocations), read before the gradient is saved;
+the RSS high-water mark before the first update is reported beside it. The learner alone: no engine is built in the
+arms.
+
+    python bench/update_speed.py                 # every arm, 2 timed updates each; writes results/update_speed.json
+    python bench/update_speed.py --smoke         # 1 task x 4 episodes, 1 timed update; results/update_speed_smoke.json
+    python bench/update_speed.py --arms full lora [--updates N] [--threads T] [--no-write] [key=value overrides ...]
+
+Targets: LoRA >= 1.5x the update speed of full fine-tuning at <= 0.6x its peak memory (issue 19); the new default
+<= 0.5x the old one's time to the learning bar (issue 22, measured by bench/learn_default.py, not here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from machine import write_result  # noqa: E402
+
+SMOKE = ["rollout.tasks_per_step=1", "rollout.group_size=4"]
+ARMS = {
+    "full": ["lora.enabled=false"],
+    "lora": ["lora.enabled=true"],
+    "freeze15": ["train.freeze_layers=15"],
+    "freeze24": ["train.freeze_layers=24"],
+    "no_prompt_grad": ["train.prompt_grad=false"],
+    "freeze15_no_prompt_grad": ["train.freeze_layers=15", "train.prompt_grad=false"],
+}
+
+
+def _rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def default_batch(overrides: list[str], path: Path) -> dict:
+    """Collect and credit step 0 of the default recipe (with ``overrides``); write its samples to ``path`` as JSON."""
+    from turnrl import credit
+    from turnrl.build import build, sampling_params
+    from turnrl.config import load_config
+    from turnrl.learner import build_samples
+    from turnrl.loop import assign_credit, collect_step, credit_inputs, credit_params
+
+    cfg = load_config(ROOT / "configs" / "default.yaml", overrides)
+    c = build(cfg)
+    estimator = credit.get_estimator(cfg.algo.estimator)
+    groups, _, _, _ = collect_step(c, 0, sampling_params(cfg))
+    params = credit_inputs(c, groups, estimator, credit_params(cfg))
+    samples = build_samples([t for g in groups for t in g.trajectories], assign_credit(c, groups, estimator, params))
+    if cfg.algo.skip_zero_advantage:  # as the loop drops them (kl_coef and entropy_coef are 0 in the default recipe)
+        samples = [s for s in samples if any(a != 0.0 for a in s.advantages)]
+    path.write_text(json.dumps([dataclasses.asdict(s) for s in samples]))
+    return {"samples": len(samples), "tokens": sum(len(s) for s in samples),
+            "trained_tokens": sum(sum(s.loss_mask) for s in samples)}
+
+
+def arm(args) -> int:
+    """One arm in this process: model (+ its option), learner, a first update whose gradient is saved, timed updates;
+    prints one JSON line."""
+    import torch
+
+    from turnrl.build import with_lora
+    from turnrl.config import load_config
+    from turnrl.learner import Learner, LearnerParams
+    from turnrl.models import load_model, load_tokenizer
+    from turnrl.models.freeze import freeze_lower_layers
+    from turnrl.models.lora import trainable_parameters
+    from turnrl.types import TrainSample
+
+    torch.set_num_threads(args.threads)
+    cfg = load_config(ROOT / "configs" / "default.yaml", args.overrides + ARMS[args.arm])
+    samples = [TrainSample(**s) for s in json.loads(Path(args.batch).read_text())]
+    tok = load_tokenizer(cfg.model.path)
+    model = load_model(cfg.model.path)
+    if cfg.lora.enabled:
+        model = with_lora(cfg, model)
+    freeze_lower_layers(model, cfg.train.freeze_layers)
+    learner = Learner(model, LearnerParams.from_config(cfg), pad_id=tok.pad_token_id)
+    before = _rss_gb()
+    t = time.perf_counter()
+    learner.update(samples)  # the first update: cold kernels, AdamW state created
+    first_s = time.perf_counter() - t
+    if not cfg.lora.enabled:  # its gradient, at the weights every arm starts from (the step does not clear .grad)
+        torch.save({n: p.grad for n, p in model.named_parameters() if p.grad is not None}, args.grad_file)
+    t = time.perf_counter()
+    for _ in range(args.updates):
+        metrics = learner.update(samples)
+    print(json.dumps({"update_s": (time.perf_counter() - t) / args.updates, "first_update_s": first_s,
+                      "peak_rss_gb": _rss_gb(), "rss_before_update_gb": before,
+                      "trained_parameters": trainable_parameters(model), "micro_batches": metrics["train/micro_batches"]}))
+    return 0
+
+
+def cosines(exact_file: Path, arm_file: Path) -> dict[str, float]:
+    """Cosine of the arm's gradient to the exact one: over every parameter (an untrained one counts as 0) and over
+    the parameters the arm trains."""
+    import torch
+
+    exact, approx = torch.load(exact_file), torch.load(arm_file)
+    dot = sum(float(exact[n].double().flatten() @ g.double().flatten()) for n, g in approx.items())
+    norm_exact = sum(float(g.double().pow(2).sum()) for g in exact.values()) ** 0.5
+    norm_trained = sum(float(exact[n].double().pow(2).sum()) for n in approx) ** 0.5
+    norm_arm = sum(float(g.double().pow(2).sum()) for g in approx.values()) ** 0.5
+    return {"cosine_all": dot / (norm_exact * norm_arm), "cosine_trained": dot / (norm_trained * norm_arm)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="a small batch and one timed update per arm")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="arms to run (full is always run)")
+    ap.add_argument("--updates", type=int, default=None, help="timed updates per arm after the first (default 2; 1 with --smoke)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads in each arm")
+    ap.add_argument("--no-write", action="store_true", help="print only; do not write bench/results/update_speed.json")
+    ap.add_argument("--arm", choices=list(ARMS), help=argparse.SUPPRESS)  # internal: run one arm
+    ap.add_argument("--batch", help=argparse.SUPPRESS)  # internal: the samples file
+    ap.add_argument("--grad-file", help=argparse.SUPPRESS)  # internal: where the arm saves its first gradient
+    ap.add_argument("overrides", nargs="*", help="config key=value overrides for the batch and every arm")
+    args = ap.parse_args()
+    args.updates = args.updates or (1 if args.smoke else 2)
+    args.overrides = (SMOKE if args.smoke else []) + args.overrides
+    if args.arm:
+        return arm(args)
+
+    arms = ["full"] + [a for a in args.arms if a != "full"]
+    with tempfile.TemporaryDirectory() as tmp:
+        batch_file = Path(tmp) / "samples.json"
+        batch = default_batch(args.overrides, batch_file)
+        print(f"batch: {batch}", flush=True)
+        results = {}
+        for name in arms:
+            grad_file = Path(tmp) / f"{name}.pt"
+            cmd = [sys.executable, __file__, "--arm", name, "--batch", str(batch_file), "--updates", str(args.updates),
+                   "--threads", str(args.threads), "--grad-file", str(grad_file), *args.overrides]
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"arm {name!r} failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
+            results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+            if grad_file.exists() and name != "full":
+                results[name].update(cosines(Path(tmp) / "full.pt", grad_file))
+                grad_file.unlink()
+            print(f"{name}: {results[name]}", flush=True)
+
+    full = results["full"]
+    for r in results.values():
+        r["speed_vs_full"] = full["update_s"] / r["update_s"]
+        r["peak_rss_vs_full"] = r["peak_rss_gb"] / full["peak_rss_gb"]
+        r["first_over_warm"] = r["first_update_s"] / r["update_s"]
+    fields = {"smoke": args.smoke, "overrides": args.overrides, "updates": args.updates, "threads": args.threads,
+              "batch": batch, "arms": results}
+    if "lora" in results:
+        lora = results["lora"]
+        fields["lora_target"] = "speed_vs_full >= 1.5 and peak_rss_vs_full <= 0.6"
+        fields["lora_target_met"] = lora["speed_vs_full"] >= 1.5 and lora["peak_rss_vs_full"] <= 0.6
+
+    def cos(r: dict, key: str) -> str:
+        return f"{r[key]:.4f}" if key in r else "-"
+
+    report = "\n".join([
+        f"Batch: step 0 of the default recipe{' (' + ' '.join(args.overrides) + ')' if args.overrides else ''}: "
+        f"{batch['samples']} samples, {batch['tokens']} tokens, {batch['trained_tokens']} trained; {args.updates} timed "
+        f"update(s) per arm after the first, {args.threads} threads, each arm in its own process.",
+        "",
+        "| arm | trained parameters | s per update | speed vs full | first update s | first / warm | peak RSS (GB) "
+        "| RSS vs full | grad cosine (all) | grad cosine (trained) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *(f"| {n} | {r['trained_parameters'] / 1e6:.2f}M | {r['update_s']:.2f} | {r['speed_vs_full']:.2f}x "
+          f"| {r['first_update_s']:.1f} | {r['first_over_warm']:.2f} | {r['peak_rss_gb']:.2f} | {r['peak_rss_vs_full']:.2f}x "
+          f"| {cos(r, 'cosine_all')} | {cos(r, 'cosine_trained')} |" for n, r in results.items()),
+    ])
+    print("\n" + report)
+    if not args.no_write:
+        print(f"wrote {write_result('update_speed_smoke' if args.smoke else 'update_speed', fields)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
