@@ -23,6 +23,22 @@ def test_auto_picks_native_for_a_llama_model(tokenizer, tiny_model, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_train_threads_caps_the_native_engine_threads(tokenizer, tiny_model):
+    """train.threads=1 must hold while the native engine runs: two single-threaded runs side by side on a 2-core machine
+    would otherwise each start as many threads as the machine has cores and oversubscribe it."""
+    from turnrl.build import build
+    from turnrl.config import load_config
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        cfg = load_config(overrides=["train.threads=1", "rollout.engine=native", "model.autocast_bf16=false"])
+        c = build(cfg, model=tiny_model, tokenizer=tokenizer)
+        assert isinstance(c.engine, NativeEngine) and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_auto_falls_back_to_hf_and_says_so(tokenizer, gpt2, capsys):
     engine = make_engine("auto", gpt2, tokenizer, bf16=True, seed=3)
     assert isinstance(engine, HFEngine) and engine.autocast_bf16

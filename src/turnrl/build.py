@@ -363,7 +363,7 @@ def _engine(cfg: Config, model, tokenizer) -> Engine:
         return make_engine(
             cfg.rollout.engine, model, tokenizer, bf16=cfg.model.autocast_bf16, seed=cfg.train.seed,
             max_slots=max(cfg.rollout.tasks_per_step * cfg.rollout.group_size, cfg.eval.num_tasks),
-            max_len=cfg.rollout.max_context_tokens, model_path=cfg.model.path,
+            max_len=cfg.rollout.max_context_tokens, model_path=cfg.model.path, threads=cfg.train.threads or None,
         )
     except (UnsupportedModelError, ImportError) as e:  # ImportError: vllm is an optional extra
         raise ConfigError(f"rollout.engine={cfg.rollout.engine}: {e}") from None

@@ -26,6 +26,7 @@ def make_engine(
     max_slots: int = 64,
     max_len: int = 2048,
     model_path: str | None = None,
+    threads: int | None = None,
     **options: Any,
 ) -> Engine:
     """The ``kind`` engine, sampling from ``model`` (the learner's module; None for an eval-only remote engine).
@@ -42,6 +43,7 @@ def make_engine(
       and ``api_model`` (the id the server serves), the rest are its keyword arguments (``endpoint``,
       ``api_key``, ``vllm_extensions``, ``require_logprobs``, ...).
 
+    ``threads`` caps the native engine's torch threads (``train.threads``; None: this machine's CPUs).
     ``seed`` seeds sampling in every backend. ``options`` are for ``openai`` only; an unknown ``kind`` or options
     given to another kind raise ``ValueError``.
     """
@@ -54,7 +56,7 @@ def make_engine(
 
         try:
             return NativeEngine(model, tokenizer, dtype="bf16" if bf16 else "fp32", max_slots=max_slots,
-                                max_len=max_len, seed=seed)
+                                max_len=max_len, seed=seed, threads=threads)
         except UnsupportedModelError as e:
             if kind == "native":
                 raise
