@@ -1,7 +1,7 @@
 """The layout holds (docs/concepts.md): folders follow the data flow and no module imports a layer above it.
 
 Layers, lowest first: envs < agent < engines < rollout < credit < learner < monitor < scale < build < loop < sft < api
-< completion < cli.
+< evalsuite < completion < cli.
 ``types``, ``config``, ``checkpoint`` and ``models`` (model loading and the shared-prefix forward) are shared by all.
 Every import counts, including those inside functions.
 """
@@ -16,8 +16,9 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "turnrl"
 # api (turnrl.train / turnrl.evaluate) runs the loop and is what the CLI's train and eval call; completion (shell
 # completion) reads the config schema and the env and estimator registries for the CLI: both sit just below cli.
+# evalsuite (turnrl eval --suite) builds each row's model through api's config and checkpoint resolution.
 LAYERS = ["envs", "agent", "engines", "rollout", "credit", "learner", "monitor", "scale", "build", "loop", "sft", "api",
-          "completion", "cli"]
+          "evalsuite", "completion", "cli"]
 SHARED = {"types", "config", "checkpoint", "models"}
 # Shared modules that reach up on purpose, each with its reason.
 ALLOWED_UP = {

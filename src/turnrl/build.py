@@ -43,6 +43,7 @@ from turnrl.models.lora import LoraError, add_lora, is_lora, load_lora, split_ad
 from turnrl.monitor.card import write_model_card
 from turnrl.envs.multiagent import MultiAgentEnv
 from turnrl.rollout import Collector
+from turnrl.rollout.curriculum import Curriculum, LeveledEnvs, LeveledTasks
 from turnrl.rollout.served import ServedCollector
 from turnrl.rollout.multiagent import Lineup, MultiAgentCollector
 from turnrl.rollout.selfplay import SelfPlay
@@ -66,6 +67,7 @@ class Components:
     selfplay: SelfPlay | None = None  # multiagent.selfplay: the opponent pool and its Elo ratings
     experience: ExperienceLibrary | None = None  # experience.retrieve: past steps shown in observations (docs/experience.md)
     skills: SkillLibrary | None = None  # experience.skills: action sequences offered as `skill NAME`
+    curriculum: Curriculum | None = None  # curriculum.enabled: the training tasks' difficulty level (docs/curriculum.md)
 
     @property
     def libraries(self) -> list[ExperienceLibrary | SkillLibrary]:
@@ -79,7 +81,8 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
         torch.set_num_threads(cfg.train.threads)
     seed_everything(cfg.train.seed)
     experience, skills = agent_libraries(cfg)
-    envs, eval_envs = env_factories(cfg, experience, skills)
+    curriculum = Curriculum.from_config(cfg)
+    envs, eval_envs = env_factories(cfg, experience, skills, curriculum)
     base, adapter = _split_model_path(cfg.model.path)  # an adapter (a LoRA checkpoint): its base model, then it
     with quiet_transformers():
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(base)
@@ -102,11 +105,13 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
     if a.kl_in_reward > 0 or a.reward_norm == "running":
         shaper = RewardShaper(a.kl_in_reward, a.kl_target, a.kl_horizon, normalise=a.reward_norm == "running")
     tasks = TaskSplit(cfg, envs, eval_envs)
+    if curriculum is not None:  # one split per level, all holding out the same evaluation tasks
+        tasks = LeveledTasks([TaskSplit(cfg, level, eval_envs) for level in envs.factories], curriculum)
     if cfg.serve.train:  # the loop trains on episodes agents play through the rollout service; evaluation stays here
         collector, eval_collector = _served_collector(cfg, engine, tokenizer, tasks), eval_collector or collector
     demos = demo_samples(tasks.training_only(read_demos(a.demo_file, len(tokenizer)))) if a.demo_coef > 0 else []
     return Components(cfg, model, tokenizer, engine, collector, learner, shaper, eval_collector, tasks, demos, selfplay,
-                      experience, skills)
+                      experience, skills, curriculum)
 
 
 def build_for_eval(cfg: Config, engine_kind: str, **engine_options: Any) -> Components:
@@ -196,8 +201,8 @@ def quiet_transformers() -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------- envs and tasks
 
 
-def env_factories(cfg: Config, experience: ExperienceLibrary | None = None, skills: SkillLibrary | None = None
-                  ) -> tuple[Callable[[], Env], Callable[[], Env] | None]:
+def env_factories(cfg: Config, experience: ExperienceLibrary | None = None, skills: SkillLibrary | None = None,
+                  curriculum: Curriculum | None = None) -> tuple[Callable[[], Env], Callable[[], Env] | None]:
     """Factories of the training envs and, when ``eval.env_id`` is set, of the evaluation envs (else None), each env
     wrapped by the agent libraries given (:func:`with_libraries`) and the memory actions.
 
@@ -205,6 +210,8 @@ def env_factories(cfg: Config, experience: ExperienceLibrary | None = None, skil
     """
     kwargs = dict(cfg.env.kwargs, max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty,
                   progress_reward=cfg.env.progress_reward)
+    if curriculum is not None:
+        return _leveled_envs(cfg, kwargs, curriculum, experience, skills)
     envs = _tried(cfg.env.id, kwargs, cfg.train.seed_start, f"env.id={cfg.env.id!r} with env.kwargs={cfg.env.kwargs}")
     envs = with_libraries(cfg, envs, experience, skills)
     if not cfg.eval.env_id:
@@ -212,6 +219,23 @@ def env_factories(cfg: Config, experience: ExperienceLibrary | None = None, skil
     eval_kwargs = {**kwargs, **cfg.eval.env_kwargs}
     eval_envs = _tried(cfg.eval.env_id, eval_kwargs, cfg.eval.seed_start, f"eval.env_id={cfg.eval.env_id!r}")
     return with_memory(cfg, envs), with_memory(cfg, with_libraries(cfg, eval_envs, experience, skills))
+
+
+def _leveled_envs(cfg: Config, kwargs: dict[str, Any], curriculum: Curriculum, experience: ExperienceLibrary | None,
+                  skills: SkillLibrary | None) -> tuple[LeveledEnvs, Callable[[], Env]]:
+    """Under a curriculum: the training envs at its current level (each level's keywords over ``kwargs``) and the
+    evaluation envs, which stay on ``eval.env_id`` / ``eval.env_kwargs`` or else on ``env.id`` / ``env.kwargs``."""
+    wrap = functools.partial(_wrapped, cfg, experience=experience, skills=skills)
+    levels = [wrap(_tried(cfg.env.id, {**kwargs, **level}, cfg.train.seed_start, f"curriculum.levels[{i}]={level} on "
+                          f"env.id={cfg.env.id!r}")) for i, level in enumerate(curriculum.levels)]
+    eval_kwargs = {**kwargs, **cfg.eval.env_kwargs} if cfg.eval.env_id else kwargs
+    eval_envs = _tried(cfg.eval.env_id or cfg.env.id, eval_kwargs, cfg.eval.seed_start, f"eval.env_id={cfg.eval.env_id!r}")
+    return LeveledEnvs(levels, curriculum), wrap(eval_envs)
+
+
+def _wrapped(cfg: Config, factory: Callable[[], Env], experience: ExperienceLibrary | None, skills: SkillLibrary | None
+             ) -> Callable[[], Env]:
+    return with_memory(cfg, with_libraries(cfg, factory, experience, skills))
 
 
 def with_memory(cfg: Config, factory: Callable[[], Env]) -> Callable[[], Env]:
@@ -508,6 +532,8 @@ def save(c: Components, run_dir: Path, step: int, monitor_state: dict[str, Any])
     if c.shaper is not None:
         state["reward_shaper"] = c.shaper.state_dict()
     state["libraries"] = {type(library).__name__: library.state_dict() for library in c.libraries}
+    if c.curriculum is not None:
+        state["curriculum"] = c.curriculum.state_dict()
     with quiet_transformers():
         ckpt = checkpoint.save_checkpoint(run_dir, step, c.model, c.tokenizer, state, keep=c.cfg.log.keep_checkpoints)
     write_model_card(ckpt, c.cfg)
@@ -528,6 +554,8 @@ def restore(c: Components, ckpt: Path, rng: bool = False) -> dict[str, Any]:
         if c.shaper is not None and "reward_shaper" in state:
             c.shaper.load_state_dict(state["reward_shaper"])
         load_libraries(c, state)
+        if c.curriculum is not None:
+            c.curriculum.load_state_dict(state["curriculum"])
         if rng:
             checkpoint.set_rng_state(state["rng"])
     except (KeyError, ValueError, TypeError, RuntimeError) as e:

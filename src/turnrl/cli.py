@@ -59,7 +59,7 @@ def _load(args):
     and ``eval --checkpoint``."""
     from turnrl.api import resolve_config
 
-    return resolve_config(args.config, args.overrides, checkpoint=getattr(args, "checkpoint", None),
+    return resolve_config(args.config, args.overrides, checkpoint=(getattr(args, "checkpoint", None) or [None])[0],
                           resume=getattr(args, "resume", None))
 
 
@@ -119,13 +119,40 @@ def _exit_code(run_dir: Path) -> int:
 
 def cmd_eval(args) -> int:
     from turnrl.api import evaluate
+    from turnrl.config import ConfigError
 
+    if args.suite:
+        return _eval_suite(args)
+    if len(args.checkpoint or []) > 1 or args.base or args.pass_k or args.out:
+        raise ConfigError("several --checkpoint, --base, --pass-k and --out are for a transfer matrix: add --suite, e.g. "
+                          "turnrl eval --suite configs/suites/transfer.yaml --checkpoint runs/A --checkpoint runs/B")
     _quiet_transformers()
-    result = evaluate(args.config, *args.overrides, checkpoint=args.checkpoint, engine=args.engine,
+    result = evaluate(args.config, *args.overrides, checkpoint=(args.checkpoint or [None])[0], engine=args.engine,
                       **_remote_engine_options(args))
     print(result)
     if args.json:
         print(json.dumps(result.metrics))
+    return 0
+
+
+def _eval_suite(args) -> int:
+    """``turnrl eval --suite``: the transfer matrix (:mod:`turnrl.evalsuite`), printed and written as JSON and markdown
+    into ``--out`` (default: the first checkpoint's run directory, else the current directory)."""
+    from turnrl.api import run_of
+    from turnrl.config import ConfigError
+    from turnrl.evalsuite import run_suite
+
+    if args.engine != "hf":
+        raise ConfigError(f"--suite evaluates in this process: drop --engine {args.engine} (turnrl eval --suite SUITE "
+                          "--checkpoint RUN)")
+    _quiet_transformers()
+    result = run_suite(args.suite, args.checkpoint or [], base=args.base, config=args.config, overrides=args.overrides,
+                       pass_k=args.pass_k)
+    run = run_of(Path(args.checkpoint[0])) if args.checkpoint else None
+    paths = result.write(Path(args.out) if args.out else run or Path("."))
+    print(result.markdown() + f"\nmatrix: {paths[0]} and {paths[1]}")
+    if args.json:
+        print(json.dumps(result.to_dict()))
     return 0
 
 
@@ -294,7 +321,8 @@ Then RL from it: turnrl train -c configs/sokoban_sft.yaml model.path=runs/NAME/c
   turnrl eval --checkpoint runs/NAME --json      # a run's latest checkpoint, every metric as JSON
   turnrl eval --checkpoint runs/NAME eval.num_tasks=200
   turnrl eval env.id=sokoban-v0 eval.greedy=false
-  turnrl eval --engine openai --base-url http://localhost:8000/v1 --api-model MODEL""",
+  turnrl eval --engine openai --base-url http://localhost:8000/v1 --api-model MODEL
+  turnrl eval --suite configs/suites/transfer.yaml --checkpoint runs/NAME --base --pass-k 4""",
     "serve": """examples:
   turnrl serve                                   # the default model at http://127.0.0.1:8000/v1
   turnrl serve model.path=runs/NAME/checkpoints/step_000040/model serve.port=8001
@@ -351,8 +379,16 @@ def _parser() -> argparse.ArgumentParser:
     p = _command(sub, "eval", "success rate (with a 95%% interval) of a checkpoint or the base model on held-out seeds")
     _add_config_args(p)
     _add_import_arg(p)
-    p.add_argument("--checkpoint", help="a checkpoint directory or a run directory (its latest checkpoint); inside a run, "
-                                        "the run's config.yaml is the config unless -c is given")
+    p.add_argument("--checkpoint", action="append", help="a checkpoint directory or a run directory (its latest "
+                   "checkpoint); inside a run, the run's config.yaml is the config unless -c is given. With --suite, "
+                   "repeatable: one matrix row each")
+    p.add_argument("--suite", help="a suite YAML file (configs/suites/): evaluate on each of its env/difficulty entries "
+                                   "and write the transfer matrix (docs/eval_suite.md)")
+    p.add_argument("--base", action="store_true", help="--suite: also a row for the untrained model.path")
+    p.add_argument("--pass-k", type=_count, default=0, metavar="K",
+                   help="--suite: also pass@K, from K sampled episodes per task")
+    p.add_argument("--out", metavar="DIR", help="--suite: where suite-NAME.json and suite-NAME.md go (default: the first "
+                                                "checkpoint's run directory, else the current directory)")
     p.add_argument("--json", action="store_true", help="also print every eval metric as JSON")
     p.add_argument("--engine", choices=["hf", "vllm", "openai"], default="hf",
                    help="hf: in process (default); vllm: turnrl[vllm] on a GPU; openai: a remote OpenAI-compatible server "

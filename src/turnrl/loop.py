@@ -104,6 +104,8 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
             metrics.update(rollout_metrics(collected))
             metrics["rollout/train_groups"] = float(len(groups))
             metrics["rollout/collected_groups"] = float(len(collected))
+            if c.curriculum is not None:  # the level of the next step's tasks moves with their success (docs/curriculum.md)
+                metrics.update(c.curriculum.observe(collected))
             metrics.update(credit_metrics(groups, advantages))
             for library in c.libraries:  # experience and skill libraries learn from the credited batch
                 metrics.update(library.learn(groups, advantages, c.engine.version))

@@ -1,7 +1,8 @@
 """Code: write a small Python function; hidden unit tests, run in the sandbox, score it.
 
 Each seed draws one task from a bank of templates (``TEMPLATES``: 24 function-writing problems such as
-clamping a list, a Caesar shift, counting pairs with a target sum, run-length encoding), with seeded
+clamping a list, a Caesar shift, counting pairs with a target sum, run-length encoding; ``max_lines``, the difficulty,
+keeps those whose gold program has at most that many non-blank lines, 2 to 10), with seeded
 parameters (the bounds, the shift, the target, ...) and seeded test inputs. The observation states the
 function's name, signature and behaviour, with the first ``num_visible`` tests as examples. The model
 answers with the function in a fenced code block (```` ```python ````; the last fenced block of the response
@@ -26,6 +27,7 @@ the comparison with the hidden expected values happens outside the sandbox.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import math
@@ -325,6 +327,12 @@ def make_task(rng: random.Random, template: str, num_tests: int) -> CodeTask:
     return CodeTask(template, name, signature, description, solution, tuple(tuple(a) for a in inputs), expected)
 
 
+@functools.cache
+def program_lines(template: str) -> int:
+    """Non-blank lines of ``template``'s gold program (the same for every draw of its parameters)."""
+    return sum(1 for line in make_task(random.Random(0), template, 1).solution.splitlines() if line.strip())
+
+
 def extract_code(text: str) -> str | None:
     """The body of the last fenced code block (```python, ```py or bare ```) in ``text``; None if there is none.
 
@@ -436,6 +444,8 @@ class CodeEnv(Env):
         num_tests: hidden tests per task (at most 8).
         num_visible: how many of them are shown as examples (and reported by name when they fail).
         cpu_seconds, wall_seconds, memory_mb: sandbox limits for one submission's test run.
+        max_lines: only the templates whose gold program has at most this many non-blank lines (the difficulty;
+            :func:`program_lines`); None: no limit.
     """
 
     instructions = (
@@ -453,6 +463,7 @@ class CodeEnv(Env):
         cpu_seconds: int = 2,
         wall_seconds: float = 5.0,
         memory_mb: int = 256,
+        max_lines: int | None = None,
     ) -> None:
         unknown = sorted(set(templates or ()) - set(TEMPLATES))
         if unknown:
@@ -463,8 +474,13 @@ class CodeEnv(Env):
             raise ValueError(f"num_tests={num_tests} must be between 1 and 8")
         if not 0 <= num_visible <= num_tests:
             raise ValueError(f"num_visible={num_visible} must be between 0 and num_tests={num_tests}")
+        chosen = [t for t in templates or TEMPLATES if max_lines is None or program_lines(t) <= max_lines]
+        if not chosen:
+            shortest = min(program_lines(t) for t in templates or TEMPLATES)
+            raise ValueError(f"max_lines={max_lines} leaves no template: the shortest gold program among them has "
+                             f"{shortest} lines; raise max_lines")
         check_isolation()  # fail at construction, not in the middle of training
-        self.templates = list(templates or TEMPLATES)
+        self.templates = chosen
         self.num_tests, self.num_visible = num_tests, num_visible
         self.limits = Limits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb)
         self._rng = random.Random()

@@ -1,4 +1,4 @@
-"""Two-hop question answering over a seeded corpus of fictional entities, with search and open tools.
+"""Multi-hop question answering over a seeded corpus of fictional entities, with search and open tools.
 
 Corpus (seeded). Each seed invents ``num_people`` people, ``num_orgs`` organisations and ``num_towns``
 towns with syllable-built names (``Velmara Oskit``, ``Durnhollow``), so no answer can be memorised, and
@@ -6,11 +6,16 @@ links them: a person was born in a town, works for an organisation and has a pro
 was founded by a person and has its headquarters in a town; a river flows through each town, which lies in a
 region. One document per entity states these facts in sentences; document ids are ``d00``, ``d01``, ...
 
-Question (seeded), one of three 2-hop templates, each crossing from a person's document to a second one:
+Question (seeded), one of three templates with ``hops`` documents to read (the difficulty; 2 by default), each
+starting from a person's document:
 
-- "In which town is the headquarters of the organisation that P works for?" (person -> organisation);
-- "Who founded the organisation that P works for?" (person -> organisation; never asked when P founded it);
-- "Which river flows through the town where P was born?" (person -> town).
+- 1 hop: "In which town was P born?", "Which organisation does P work for?", "What is the profession of P?";
+- 2 hops: "In which town is the headquarters of the organisation that P works for?" (person -> organisation);
+  "Who founded the organisation that P works for?" (person -> organisation; never asked when P founded it);
+  "Which river flows through the town where P was born?" (person -> town);
+- 3 hops: "Which river flows through the town where the organisation that P works for has its headquarters?" and
+  "In which region is ...?" (person -> organisation -> town); "In which town was the founder of the organisation
+  that P works for born?" (person -> organisation -> founder; never asked when P founded it).
 
 Tools (see :class:`~turnrl.envs.tools.env.ToolEnv` for the call format and errors):
 
@@ -24,8 +29,8 @@ Reward (on ``answer``): ``exact_match`` and ``f1`` are separate named components
 normalisation (lower case, no punctuation, no articles, single spaces) and token F1. The reward is their
 mean: components ``exact_match = em_weight * EM`` and ``f1 = (1 - em_weight) * F1`` with ``em_weight=0.5``,
 so an exact answer earns 1.0 and a partly right one (``Durn`` for ``Durn Hollow``) earns part of the F1 half.
-Success means EM = 1. The oracle searches the person's name, opens the person's and the bridge entity's
-documents and answers.
+Success means EM = 1. The oracle searches the person's name, opens the ``hops`` documents of the question's path
+(the person's first) and answers.
 """
 
 from __future__ import annotations
@@ -48,7 +53,10 @@ _PROFESSIONS = ["cartographer", "glassblower", "archivist", "beekeeper", "clockm
 _ORG_KINDS = ["guild", "trading house", "observatory", "shipyard", "press", "brewery", "foundry", "academy"]
 _TOWN_SUFFIXES = ["hollow", "mere", "ford", "wick", "stead", "haven", "moor", "crest"]
 _REGIONS = ["northern", "southern", "eastern", "western", "central"]
-QUESTION_KINDS = ("headquarters", "founder", "river")
+QUESTION_KINDS = ("headquarters", "founder", "river")  # the 2-hop templates
+KINDS = {1: ("born", "employer", "profession"), 2: QUESTION_KINDS,
+         3: ("headquarters_river", "headquarters_region", "founder_born")}
+_NUMBERS = {1: "one", 2: "two", 3: "three"}
 
 
 @dataclass
@@ -127,9 +135,17 @@ class World:
     docs: list[Doc]
     question: str
     answer: str
-    person_doc: str
-    bridge_doc: str
+    path: list[str]  # the documents the question needs, in the order they lead to the answer (the person's first)
     person: str
+
+    @property
+    def person_doc(self) -> str:
+        return self.path[0]
+
+    @property
+    def bridge_doc(self) -> str:
+        """The second document of the path (2- and 3-hop questions)."""
+        return self.path[1]
 
 
 def _word(rng: random.Random, syllables: int) -> str:
@@ -144,8 +160,8 @@ def _unique(rng: random.Random, used: set[str], make) -> str:
             return name
 
 
-def generate_world(rng: random.Random, num_people: int = 8, num_orgs: int = 4, num_towns: int = 4) -> World:
-    """A seeded corpus of fictional people, organisations and towns, and one 2-hop question over it."""
+def generate_world(rng: random.Random, num_people: int = 8, num_orgs: int = 4, num_towns: int = 4, hops: int = 2) -> World:
+    """A seeded corpus of fictional people, organisations and towns, and one ``hops``-hop question over it."""
     used: set[str] = set()
     towns = [_unique(rng, used, lambda: _word(rng, 1) + rng.choice(_TOWN_SUFFIXES)) for _ in range(num_towns)]
     rivers = [_unique(rng, used, lambda: _word(rng, 2)) for _ in range(num_towns)]
@@ -172,23 +188,34 @@ def generate_world(rng: random.Random, num_people: int = 8, num_orgs: int = 4, n
     docs = [Doc(f"d{i:02d}", entities[j][0], entities[j][1]) for i, j in enumerate(order)]
     doc_of = {d.title: d.doc_id for d in docs}
     person = rng.choice(people)
-    kind = rng.choice(QUESTION_KINDS)
-    while kind == "founder" and founder[works[person]] == person:  # the answer would be in the question
-        person, kind = rng.choice(people), rng.choice(QUESTION_KINDS)
-    if kind == "headquarters":
-        question, answer, bridge = f"In which town is the headquarters of the organisation that {person} works for?", hq[works[person]], works[person]
-    elif kind == "founder":
-        question, answer, bridge = f"Who founded the organisation that {person} works for?", founder[works[person]], works[person]
-    else:
-        question, answer, bridge = f"Which river flows through the town where {person} was born?", river[born[person]], born[person]
-    return World(docs, question, answer, doc_of[person], doc_of[bridge], person)
+    kind = rng.choice(KINDS[hops])
+    while kind in ("founder", "founder_born") and founder[works[person]] == person:  # the answer or a hop would be P's
+        person, kind = rng.choice(people), rng.choice(KINDS[hops])
+    org = works[person]
+    of_org = f"the organisation that {person} works for"
+    questions = {  # kind -> (question, answer, the entities after the person whose documents lead to the answer)
+        "born": (f"In which town was {person} born?", born[person], []),
+        "employer": (f"Which organisation does {person} work for?", org, []),
+        "profession": (f"What is the profession of {person}?", job[person], []),
+        "headquarters": (f"In which town is the headquarters of {of_org}?", hq[org], [org]),
+        "founder": (f"Who founded {of_org}?", founder[org], [org]),
+        "river": (f"Which river flows through the town where {person} was born?", river[born[person]], [born[person]]),
+        "headquarters_river": (f"Which river flows through the town where {of_org} has its headquarters?",
+                               river[hq[org]], [org, hq[org]]),
+        "headquarters_region": (f"In which region is the town where {of_org} has its headquarters?", region[hq[org]],
+                                [org, hq[org]]),
+        "founder_born": (f"In which town was the founder of {of_org} born?", born[founder[org]], [org, founder[org]]),
+    }
+    question, answer, bridges = questions[kind]
+    return World(docs, question, answer, [doc_of[person], *(doc_of[b] for b in bridges)], person)
 
 
 class SearchQA(ToolEnv):
-    """Answer a 2-hop question by searching and reading a seeded fictional corpus (see the module docstring).
+    """Answer a multi-hop question by searching and reading a seeded fictional corpus (see the module docstring).
 
     Args:
         num_people, num_orgs, num_towns: corpus size (one document per entity).
+        hops: documents a question needs, 1 to 3 (the difficulty).
         top_k: how many results ``search`` lists.
         em_weight: the reward's weight on exact match; ``1 - em_weight`` goes to token F1.
         max_actions_per_turn, tool_timeout: see :class:`~turnrl.envs.tools.env.ToolEnv`.
@@ -196,13 +223,15 @@ class SearchQA(ToolEnv):
 
     task_description = (
         "Answer the question using the document collection. Search for the names in the question, open the "
-        "documents you need (a question needs two), then answer with just the name."
+        "documents you need (a question needs {docs}), then answer with just the name."
     )
     final_tools = ("answer",)
     reward_names = ("exact_match", "f1")
 
     def __init__(self, num_people: int = 8, num_orgs: int = 4, num_towns: int = 4, top_k: int = 3,
-                 em_weight: float = 0.5, max_actions_per_turn: int = 1, tool_timeout: float = 2.0) -> None:
+                 em_weight: float = 0.5, max_actions_per_turn: int = 1, tool_timeout: float = 2.0, hops: int = 2) -> None:
+        if hops not in KINDS:
+            raise ValueError(f"hops={hops} must be 1, 2 or 3 (documents a question needs)")
         if num_people < 2 or num_orgs < 1 or num_towns < 1:
             raise ValueError(f"need num_people >= 2, num_orgs >= 1, num_towns >= 1; got {num_people}, {num_orgs}, {num_towns}")
         if top_k < 1:
@@ -210,7 +239,8 @@ class SearchQA(ToolEnv):
         if not 0.0 <= em_weight <= 1.0:
             raise ValueError(f"em_weight={em_weight} must be in [0, 1]")
         self.sizes = (num_people, num_orgs, num_towns)
-        self.top_k, self.em_weight = top_k, em_weight
+        self.top_k, self.em_weight, self.hops = top_k, em_weight, hops
+        self.task_description = type(self).task_description.format(docs=_NUMBERS[hops])  # type: ignore[misc]
         self._rng = random.Random()
         self.world: World | None = None
         self._index: BM25 | None = None
@@ -260,7 +290,7 @@ class SearchQA(ToolEnv):
     def new_task(self, seed: int | None) -> None:
         if seed is not None:
             self._rng = random.Random(seed)
-        self.world = generate_world(self._rng, *self.sizes)
+        self.world = generate_world(self._rng, *self.sizes, hops=self.hops)
         self._index = BM25([tokenize(d.title + " " + d.text) for d in self.world.docs])
         self._corpus = hashlib.sha1("\n".join(d.text for d in self.world.docs).encode()).hexdigest()[:12]
 
@@ -281,29 +311,25 @@ class SearchQA(ToolEnv):
         return Verdict(components, em == 1.0, message)
 
     def oracle_calls(self) -> list[ToolCall]:
-        """Search the person's name, open the person's and the bridge entity's documents, answer."""
+        """Search the person's name, open the documents of the question's path in order, answer."""
         assert self.world is not None
         w = self.world
-        return [ToolCall("search", {"query": w.person}), ToolCall("open", {"doc_id": w.person_doc}),
-                ToolCall("open", {"doc_id": w.bridge_doc}), ToolCall("answer", {"answer": w.answer})]
+        return [ToolCall("search", {"query": w.person}), *(ToolCall("open", {"doc_id": d}) for d in w.path),
+                ToolCall("answer", {"answer": w.answer})]
 
     def examples(self) -> list[tuple[str, str]]:
-        """The oracle's four turns on one fixed world (drawn from a string seed, never an int task seed)."""
-        world = generate_world(random.Random("searchqa-examples"), *self.sizes)
+        """The oracle's turns on one fixed world (drawn from a string seed, never an int task seed)."""
+        world = generate_world(random.Random("searchqa-examples"), *self.sizes, hops=self.hops)
         obs = f"Question: {world.question}\nDocuments: {len(world.docs)} (ids d00-d{len(world.docs) - 1:02d})"
         index = BM25([tokenize(d.title + " " + d.text) for d in world.docs])
         hits = index.top(tokenize(world.person), self.top_k)
         results = "\n".join(f"{world.docs[i].doc_id}: {world.docs[i].title}: {_first_sentence(world.docs[i].text)}" for i in hits)
-        person = next(d for d in world.docs if d.doc_id == world.person_doc)
-        bridge = next(d for d in world.docs if d.doc_id == world.bridge_doc)
-        return [
-            (obs, ToolCall("search", {"query": world.person}).to_text()),
-            (f'<tool_response name="search">\n{results}\n</tool_response>', ToolCall("open", {"doc_id": world.person_doc}).to_text()),
-            (f'<tool_response name="open">\n{person.doc_id}: {person.title}\n{person.text}\n</tool_response>',
-             ToolCall("open", {"doc_id": world.bridge_doc}).to_text()),
-            (f'<tool_response name="open">\n{bridge.doc_id}: {bridge.title}\n{bridge.text}\n</tool_response>',
-             ToolCall("answer", {"answer": world.answer}).to_text()),
-        ]
+        opened = [next(d for d in world.docs if d.doc_id == doc_id) for doc_id in world.path]
+        observations = [obs, f'<tool_response name="search">\n{results}\n</tool_response>',
+                        *(f'<tool_response name="open">\n{d.doc_id}: {d.title}\n{d.text}\n</tool_response>' for d in opened)]
+        calls = [ToolCall("search", {"query": world.person}), *(ToolCall("open", {"doc_id": d}) for d in world.path),
+                 ToolCall("answer", {"answer": world.answer})]
+        return list(zip(observations, [c.to_text() for c in calls]))
 
     def render(self) -> str:
         if self.world is None:
