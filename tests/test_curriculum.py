@@ -38,8 +38,15 @@ class Leveled(Env):
         return f"level {self.level} task {self.seed % 5}"
 
 
-if "leveled-v0" not in registered():
-    register("leveled-v0", Leveled, description="test env: solved at level 0 only")
+@pytest.fixture
+def leveled():
+    """``leveled-v0`` in the registry for this test only (registered at import, it would join the every-env checks)."""
+    from turnrl.envs import registry
+
+    if "leveled-v0" not in registered():
+        register("leveled-v0", Leveled, description="test env: solved at level 0 only")
+    yield "leveled-v0"
+    registry._REGISTRY.pop("leveled-v0", None)
 
 
 def _groups(successes: list[bool]) -> list[TrajectoryGroup]:
@@ -92,7 +99,7 @@ def test_a_bad_curriculum_is_a_clear_error(overrides, message):
         load_config(None, ["curriculum.enabled=true", *overrides])
 
 
-def test_a_level_the_env_refuses_and_async_collection_are_clear_errors(tokenizer, tiny_model):
+def test_a_level_the_env_refuses_and_async_collection_are_clear_errors(tokenizer, tiny_model, leveled):
     base = ["env.id=leveled-v0", "env.progress_reward=0", "curriculum.enabled=true", "curriculum.param=level"]
     with pytest.raises(ConfigError, match=r"curriculum.levels\[1\]=\{'level': -1\}.*must be >= 0"):
         build(load_config(None, [*base, "curriculum.levels=[0, -1]"]), tiny_model, tokenizer)
@@ -115,7 +122,7 @@ def _train(tmp_path, tokenizer, name, steps, resume=False):
     return train(cfg, resume=tmp_path / name if resume else None, components=c)
 
 
-def test_training_tasks_follow_the_level_while_evaluation_and_held_out_keys_stay(tmp_path, tokenizer):
+def test_training_tasks_follow_the_level_while_evaluation_and_held_out_keys_stay(tmp_path, tokenizer, leveled):
     """Level 0 is always solved (-> level 1), level 1 never (-> level 0): the levels alternate, the trained task keys
     with them; evaluation stays on env.kwargs (level 0, always solved), whose two tasks no level trains on."""
     run = _train(tmp_path, tokenizer, "alternate", steps=4)
@@ -132,7 +139,7 @@ def test_training_tasks_follow_the_level_while_evaluation_and_held_out_keys_stay
     assert "level 1 task 1" in trained[3]  # the same task number at another level is not held out
 
 
-def test_a_resumed_run_continues_at_the_checkpointed_level(tmp_path, tokenizer):
+def test_a_resumed_run_continues_at_the_checkpointed_level(tmp_path, tokenizer, leveled):
     _train(tmp_path, tokenizer, "resumed", steps=1)  # level 0 solved: the checkpoint holds level 1
     run = _train(tmp_path, tokenizer, "resumed", steps=2, resume=True)
     assert [r["curriculum/level"] for r in read_metrics(run / "metrics.jsonl") if "curriculum/level" in r] == [0.0, 1.0]

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_curriculum import Leveled  # noqa: F401 - registers leveled-v0
+from tests.test_curriculum import leveled  # noqa: F401 - a fixture: leveled-v0 registered for one test
 from turnrl.cli import main
 from turnrl.config import ConfigError
 from turnrl.envs import make
@@ -64,7 +64,7 @@ def test_trained_keys_cover_rl_tasks_sft_demonstrations_and_the_run_started_from
     assert trained_keys(tmp_path) is None  # not a run: nothing known
 
 
-def test_the_matrix_of_a_checkpoint_and_the_base_model(tmp_path, tiny_model_dir, capsys):
+def test_the_matrix_of_a_checkpoint_and_the_base_model(tmp_path, tiny_model_dir, capsys, leveled):
     """leveled-v0 is solved at level 0 and never at level 1, five tasks per level: the cells are known exactly, and
     the two level-0 tasks the run trained on are left out of the suite's."""
     common = [f"model.path={tiny_model_dir}", "model.autocast_bf16=false", "env.id=leveled-v0", "env.progress_reward=0",

@@ -107,9 +107,9 @@ class DataParallelLearner(Learner):
         self._micro_batch, self._epoch = 0, 0
         return super().update(samples, value_batch, demos)
 
-    def _policy_backward(self, batch, num_tokens: float, num_seqs: float, stats) -> None:
+    def _policy_backward(self, batch, num_tokens: float, num_seqs: float, stats, values=None) -> None:
         if self._micro_batch in self._mine:
-            super()._policy_backward(batch, num_tokens, num_seqs, stats)
+            super()._policy_backward(batch, num_tokens, num_seqs, stats, values)
         self._micro_batch += 1
 
     def _step(self, stats) -> float:
