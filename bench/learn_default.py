@@ -17,6 +17,14 @@ default) keeps the numbers.
 
     python bench/learn_default.py [-c configs/frozenlake_raw.yaml] [--minutes 20] [key=value overrides...]
     python bench/learn_default.py --from-run RUN_DIR      # report a finished run (no training)
+    python bench/learn_default.py --speed [--new "train.freeze_layers=15 train.prompt_grad=false"] [--seeds 0 1]
+
+``--speed`` (issue 22) trains today's recipe and the recipe with ``--new``'s overrides on the same seeds, each run
+stopping at its first evaluation at the bar (``eval.stop_at_success``), and reports the wall time each needs to reach
+it. The two sides of a seed run side by side, one thread each, so whatever else loads the machine loads both; a side
+that finishes first leaves its core idle rather than lending it (one thread cannot use two). The result goes into
+``bench/results/perf.json`` (old/new seconds to the bar, their ratio, the new side's first step over a warm one and
+its peak RSS, the machine facts) and RESULTS.md.
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from baselines import cell, measure  # noqa: E402
-from machine import write_result  # noqa: E402
+from machine import facts, merge_result, write_result  # noqa: E402
 
 
 def train_run(args) -> tuple[Path, float]:
@@ -67,6 +78,23 @@ def eval_row(r: dict) -> dict:
     """A baselines-style row from an evaluation's metrics."""
     return {"success": r["eval/success_rate"], "ci95": [r["eval/success_ci_low"], r["eval/success_ci_high"]],
             "distinct_tasks": int(r.get("eval/distinct_tasks", r["eval/num_tasks"])), "step": r["step"]}
+
+
+def speed_fields(rows: list[dict], evals: list[dict], setup_s: float) -> dict:
+    """Seconds to the bar (the first evaluation with >= +30 pp over step 0 and >= 95% sampled valid actions over
+    the three steps before it; None if never), the first step's time over the median later step, and peak RSS."""
+    train_rows = [r for r in rows if "perf/train_s" in r]
+    to_bar = None
+    for r in evals[1:]:
+        tail = [t["rollout/valid_action_rate"] for t in train_rows if t["step"] <= r["step"]][-3:]
+        if r["eval/success_rate"] - evals[0]["eval/success_rate"] >= 0.30 and sum(tail) / max(1, len(tail)) >= 0.95:
+            to_bar = r["perf/wall_s"] + setup_s
+            break
+    step_s = [r["perf/rollout_s"] + r["perf/train_s"] for r in train_rows]
+    warm = sorted(step_s[1:])[len(step_s[1:]) // 2] if len(step_s) > 1 else None
+    return {"seconds_to_bar": to_bar, "first_step_s": step_s[0] if step_s else None, "warm_step_s": warm,
+            "first_step_over_warm": step_s[0] / warm if warm else None,
+            "peak_rss_gb": max((r.get("perf/max_rss_gb", 0.0) for r in rows), default=0.0)}
 
 
 def report(args, run_dir: Path, setup_s: float, total_s: float | None) -> dict:
@@ -143,6 +171,7 @@ def report(args, run_dir: Path, setup_s: float, total_s: float | None) -> dict:
         with (ROOT / "bench" / "RESULTS.md").open("a") as f:
             f.write(text + "\n")
     return {
+        **speed_fields(rows, evals, setup_s),
         "config": str(args.config), "run_dir": str(run_dir), "distinct_eval_tasks": int(base["eval/distinct_tasks"]),
         "distinct_train_tasks": counts["trained"], "held_out_keys_trained_on": counts["overlap"],
         **{name: row["success"] for name, row in table.items()},
@@ -150,6 +179,67 @@ def report(args, run_dir: Path, setup_s: float, total_s: float | None) -> dict:
         "best_step": best["step"], "steps": train_rows[-1]["step"] if train_rows else 0, "seconds": total_s,
         "gain": gain, "met": met,
     }
+
+
+def speed(args) -> int:
+    """Today's recipe against ``--new`` on the same seeds, side by side; seconds to the bar for each (module doc)."""
+    runs: dict[str, list[dict]] = {"today": [], "new": []}
+    extra = {"today": [], "new": shlex.split(args.new)}
+    out_dir = Path(args.run_root)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for seed in args.seeds:
+        procs = {}
+        for side in runs:
+            name = f"speed_{side}_s{seed}"
+            cmd = [sys.executable, __file__, "-c", str(args.config), "--minutes", str(args.minutes), "--no-write",
+                   "--out", str(out_dir / f"{name}.json"), f"log.run_dir={out_dir}", f"log.name={name}",
+                   f"train.seed={seed}", f"train.threads={args.threads}", f"eval.stop_at_success={args.bar}",
+                   *args.overrides, *extra[side]]
+            log = (out_dir / f"{name}.log").open("w")
+            print(f"[seed {seed}] {side}: {' '.join(shlex.quote(a) for a in cmd[1:])} (log {log.name})", flush=True)
+            procs[side] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        for side, p in procs.items():
+            if p.wait() != 0:
+                raise SystemExit(f"the {side} side of seed {seed} failed (exit {p.returncode}): see {out_dir}/speed_{side}_s{seed}.log")
+            runs[side].append(json.loads((out_dir / f"speed_{side}_s{seed}.json").read_text()))
+
+    def median_to_bar(side):  # None when a seed never reached the bar: the side did not meet it
+        vals = [r["seconds_to_bar"] for r in runs[side]]
+        return None if None in vals else statistics.median(vals)
+
+    old_s, new_s = median_to_bar("today"), median_to_bar("new")
+    ratio = new_s / old_s if old_s and new_s else None
+    machine = facts()
+    fields = {"cpu": machine["cpu"], "peak_gflops_bf16": machine["peak_gflops_bf16"], "bandwidth_gbs": machine["bandwidth_gbs"],
+              "old_seconds_to_bar": old_s, "new_seconds_to_bar": new_s, "time_ratio": ratio,
+              "first_step_over_warm": statistics.median(r["first_step_over_warm"] for r in runs["new"]),
+              "peak_rss_gb": max(r["peak_rss_gb"] for r in runs["new"]),
+              "learn_speed": {"new_overrides": args.new, "seeds": args.seeds, "threads_per_side": args.threads,
+                              "bar_stop_at_success": args.bar, "runs": runs}}
+    fmt = lambda v, f="{:.0f}": "never" if v is None else f.format(v)  # noqa: E731
+    lines = [f"### Time to the bar, today's default against `{args.new}` — {time.strftime('%Y-%m-%d %H:%M')}", "",
+             f"Command: `python {' '.join(shlex.quote(a) for a in sys.argv)}` ({machine['cpu']}, {machine['cores']} cores, "
+             f"{machine['peak_gflops_bf16']:.0f} GFLOP/s bf16, {machine['bandwidth_gbs']:.1f} GB/s; torch {torch.__version__}). "
+             f"Each seed's two sides ran side by side, {args.threads} thread each, each stopping at its first evaluation "
+             f"with held-out success >= {args.bar:g} (the bar also needs +30 pp over step 0 and >= 95% sampled valid actions).", "",
+             "| seed | side | seconds to bar | step | final eval success | base | distinct held-out / trained tasks (overlap) "
+             "| first step s | warm step s | peak RSS GB |", "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for i, seed in enumerate(args.seeds):
+        for side in runs:
+            r = runs[side][i]
+            lines.append(f"| {seed} | {side} | {fmt(r['seconds_to_bar'])} | {r['steps']} | {r['trained']:.3f} | {r['base']:.3f} "
+                         f"| {r['distinct_eval_tasks']} / {r['distinct_train_tasks']} ({r['held_out_keys_trained_on']}) "
+                         f"| {fmt(r['first_step_s'], '{:.1f}')} | {fmt(r['warm_step_s'], '{:.1f}')} | {r['peak_rss_gb']:.2f} |")
+    lines += ["", f"Median seconds to the bar: today {fmt(old_s)}, new {fmt(new_s)}; ratio new/today "
+                  f"**{fmt(ratio, '{:.2f}')}** (target <= 0.5). New side: first step / warm step "
+                  f"{fields['first_step_over_warm']:.2f}, peak RSS {fields['peak_rss_gb']:.2f} GB.", ""]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        with (ROOT / "bench" / "RESULTS.md").open("a") as f:
+            f.write(text + "\n")
+        print(f"wrote {merge_result('perf', fields, measure=False)}")
+    return 0
 
 
 def main() -> int:
@@ -160,8 +250,17 @@ def main() -> int:
     ap.add_argument("--name", help="result file bench/results/NAME.json (default: learn_default for configs/default.yaml, "
                                    "else learn_<config stem>, or learn_<run dir name> with --from-run)")
     ap.add_argument("--no-write", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    ap.add_argument("--out", type=Path, help="write the result fields to this JSON file instead of bench/results/NAME.json")
+    ap.add_argument("--speed", action="store_true", help="today's recipe against --new: seconds to the bar (module doc)")
+    ap.add_argument("--new", default="train.freeze_layers=15 train.prompt_grad=false", help="--speed: the new side's overrides")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="--speed: train.seed of each pair of runs")
+    ap.add_argument("--threads", type=int, default=1, help="--speed: torch threads per side")
+    ap.add_argument("--bar", type=float, default=0.30, help="--speed: eval.stop_at_success of every run")
+    ap.add_argument("--run-root", default="/tmp/bench_runs/speed", help="--speed: parent of the runs and their logs")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    if args.speed:
+        return speed(args)
     if not (args.from_run or args.config).exists():
         raise SystemExit(f"{args.from_run or args.config} does not exist: pass a config under configs/ or a run directory")
 
@@ -177,7 +276,10 @@ def main() -> int:
         name = args.name or ("learn_default" if args.config.stem == "default" else f"learn_{args.config.stem}")
     fields = report(args, run_dir, setup_s, total_s)
     print(json.dumps(fields))
-    print(f"wrote {write_result(name, fields)}")
+    if args.out:
+        args.out.write_text(json.dumps(fields, indent=2) + "\n")
+    else:
+        print(f"wrote {write_result(name, fields)}")
     return 0
 
 

@@ -93,5 +93,18 @@ def write_result(name: str, fields: dict[str, Any], measure: bool = True) -> Pat
     return path
 
 
+def merge_result(name: str, fields: dict[str, Any], measure: bool = True) -> Path:
+    """Update ``bench/results/NAME.json`` with ``fields``, keeping the fields other benchmarks wrote there; each field's
+    command, date and commit go under ``"sources"`` (a file several benchmarks fill, such as perf.json)."""
+    path = ROOT / "bench" / "results" / f"{name}.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    head = header(measure)
+    source = {k: head[k] for k in ("command", "date", "commit")}
+    sources = old.get("sources", {}) | {k: source for k in fields}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**old, **head, **fields, "sources": sources}, indent=2) + "\n")
+    return path
+
+
 if __name__ == "__main__":
     print(json.dumps(facts(), indent=2))

@@ -445,3 +445,23 @@ def test_an_env_with_a_single_task_has_no_held_out_split_and_says_so():
     assert len(tasks.eval_tasks) == 1
     with pytest.raises(ConfigError, match="no training task is left outside the held-out set"):
         tasks.train_tasks(0)
+
+
+def test_training_ends_at_the_first_evaluation_that_reaches_eval_stop_at_success(tmp_path, tokenizer, monkeypatch):
+    """Early stopping: the run ends after the evaluation whose held-out success reaches the bar, as finished."""
+    import turnrl.loop
+    from turnrl.monitor.files import read_status
+
+    real = turnrl.loop.evaluate
+    successes = iter([0.0, 0.25, 0.5, 1.0, 1.0])  # at steps 0, 2, 4, 6, 8
+
+    def scripted(c):
+        return real(c) | {"eval/success_rate": next(successes)}
+
+    monkeypatch.setattr(turnrl.loop, "evaluate", scripted)
+    run_dir, _ = _run(tmp_path, tokenizer, ["eval.every=2", "eval.stop_at_success=0.5"], "early", steps=8)
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert rows[-1]["step"] == 4 and rows[-1]["eval/success_rate"] == 0.5  # not step 2 (0.25), not step 8
+    status = read_status(run_dir)
+    assert status["state"] == "finished" and "eval.stop_at_success" in status["message"], status
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step_000004"

@@ -111,9 +111,11 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
                 metrics.update(library.learn(groups, advantages, c.engine.version))
             metrics.update(step_metrics(samples, stats, t_rollout, t_train, t_start))
             monitor.record_tasks(done, tasks)
-            out_of_time = cfg.train.max_minutes > 0 and (time.perf_counter() - t_start) > 60 * cfg.train.max_minutes
-            if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps or out_of_time:
+            last = cfg.train.max_minutes > 0 and (time.perf_counter() - t_start) > 60 * cfg.train.max_minutes
+            if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps or last:
                 metrics.update(evaluate(c))
+                # early stopping: the held-out bar is reached (eval.stop_at_success), so this is the run's last step
+                last |= 0 < cfg.eval.stop_at_success <= metrics["eval/success_rate"]
             if c.selfplay is not None:  # Elo over the opponent pool, win rate against the base, the pool's next snapshot
                 metrics.update(c.selfplay.after_step(done, groups, metrics))
             action = monitor.after_step(done, metrics, groups, advantages, samples)
@@ -121,10 +123,10 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
                 monitor.rolled_back(done, restore(c, monitor.rollback_target)["step"], metrics)
                 collect.restart()  # batches collected ahead came from the discarded weights
                 continue
-            at_end = (done == cfg.train.steps or out_of_time) and cfg.log.checkpoint_at_end
+            at_end = (done == cfg.train.steps or last) and cfg.log.checkpoint_at_end
             if (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0) or at_end or action == "stop":
                 monitor.saved(save(c, run_dir, done, monitor.state_dict()))
-            if out_of_time or action == "stop":
+            if last or action == "stop":
                 break
     return run_dir
 

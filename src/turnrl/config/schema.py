@@ -192,6 +192,8 @@ class EvalConfig(Section):
     at_start: bool = Field(True, description="evaluate the untrained model before step 1")
     env_id: str = Field("", description="evaluate on this env instead of env.id: a trusted verifier next to a training one")
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="constructor keywords for eval.env_id (default: env.kwargs)")
+    stop_at_success: float = Field(0.0, ge=0.0, le=1.0, description="end training at the first evaluation whose held-out "
+                                   "success reaches this (0 = never): early stopping, and time-to-bar benchmarks")
 
 
 class LogConfig(Section):

@@ -223,6 +223,9 @@ class Monitor:
             return "failed", f"{exc}" if isinstance(exc, TrainingDiverged) else f"{kind.__name__}: {exc}"
         if self.step >= self.cfg.train.steps:
             return "finished", f"{self.step} step{'s' if self.step != 1 else ''}"
+        bar, reached = self.cfg.eval.stop_at_success, (self.last_eval or {}).get("eval/success_rate", 0.0)
+        if 0 < bar <= reached and self.last_eval["step"] == self.step:
+            return "finished", f"{self.step} steps: held-out success {reached:.3f} reached eval.stop_at_success={bar:g}"
         reason = self._stop_reason or (f"{self.signals.requested} before step {self.step + 1}" if self.stop_requested
                                        else f"train.max_minutes at step {self.step}")
         return "stopped", f"{reason}; {resume}"
