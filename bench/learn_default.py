@@ -194,6 +194,7 @@ def speed(args) -> int:
             cmd = [sys.executable, __file__, "-c", str(args.config), "--minutes", str(args.minutes), "--no-write",
                    "--out", str(out_dir / f"{name}.json"), f"log.run_dir={out_dir}", f"log.name={name}",
                    f"train.seed={seed}", f"train.threads={args.threads}", f"eval.stop_at_success={args.bar}",
+                   f"train.steps={args.max_steps}",  # the wall budget binds, not the step count (the lr is constant)
                    *args.overrides, *extra[side]]
             log = (out_dir / f"{name}.log").open("w")
             print(f"[seed {seed}] {side}: {' '.join(shlex.quote(a) for a in cmd[1:])} (log {log.name})", flush=True)
@@ -256,6 +257,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="--speed: train.seed of each pair of runs")
     ap.add_argument("--threads", type=int, default=1, help="--speed: torch threads per side")
     ap.add_argument("--bar", type=float, default=0.30, help="--speed: eval.stop_at_success of every run")
+    ap.add_argument("--max-steps", type=int, default=500, help="--speed: train.steps of every run (--minutes ends it first)")
     ap.add_argument("--run-root", default="/tmp/bench_runs/speed", help="--speed: parent of the runs and their logs")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
