@@ -183,6 +183,7 @@ def report(args, run_dir: Path, setup_s: float, total_s: float | None) -> dict:
 
 def speed(args) -> int:
     """Today's recipe against ``--new`` on the same seeds, side by side; seconds to the bar for each (module doc)."""
+    machine = facts()  # measured before the runs, on the machine as they find it
     runs: dict[str, list[dict]] = {"today": [], "new": []}
     extra = {"today": [], "new": shlex.split(args.new)}
     out_dir = Path(args.run_root)
@@ -210,7 +211,6 @@ def speed(args) -> int:
 
     old_s, new_s = median_to_bar("today"), median_to_bar("new")
     ratio = new_s / old_s if old_s and new_s else None
-    machine = facts()
     fields = {"cpu": machine["cpu"], "peak_gflops_bf16": machine["peak_gflops_bf16"], "bandwidth_gbs": machine["bandwidth_gbs"],
               "old_seconds_to_bar": old_s, "new_seconds_to_bar": new_s, "time_ratio": ratio,
               "first_step_over_warm": statistics.median(r["first_step_over_warm"] for r in runs["new"]),
