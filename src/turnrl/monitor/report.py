@@ -11,6 +11,9 @@ What the page shows:
 
 - curves of the main metrics (success, reward and its components, held-out evaluation, loss, KL,
   entropy, grad norm, validity and lengths, throughput and timings), with a red marker at each alert's step;
+- the transfer matrices of ``RUN/suite-*.json`` (``turnrl eval --suite``, docs/eval_suite.md): models by env /
+  difficulty, each cell's success with its 95% interval, pass@k, valid-action rate and distinct tasks; read as
+  JSON here (the monitor layer sits below ``turnrl.evalsuite``), a malformed file named in a note and left out;
 - the alerts from ``RUN/alerts.jsonl`` and the resolved ``RUN/config.yaml``;
 - a trajectory viewer over ``RUN/trajectories.jsonl``: pick a step and a trajectory, read each turn
   (observation, response, parsed actions, validity, reward components, why it was not trained) and colour
@@ -69,6 +72,7 @@ class ReportData:
     total_trajectories: int = 0
     steps_with_trajectories: int = 0
     notes: list[str] = field(default_factory=list)
+    suites: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _finite(v: Any) -> float | None:
@@ -162,8 +166,72 @@ def _trajectory_view(row: dict[str, Any], max_text_chars: int) -> dict[str, Any]
     }
 
 
+def _number(v: Any, what: str) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        raise ValueError(f"{what} is {v!r}, not a number")
+    return float(v)
+
+
+def _pair(v: Any, what: str) -> list[float] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list) or len(v) != 2:
+        raise ValueError(f"{what} is {v!r}, not a [low, high] pair")
+    return [_number(x, what) for x in v]
+
+
+def _suite_cell(c: Any, where: str) -> dict[str, Any]:
+    if not isinstance(c, dict):
+        raise ValueError(f"{where} is not an object")
+    out: dict[str, Any] = {k: _number(c.get(k), f"{where}.{k}")
+                           for k in ("success", "ci_low", "ci_high", "valid_action_rate")}
+    out["distinct_tasks"] = int(_number(c.get("distinct_tasks"), f"{where}.distinct_tasks"))
+    out["pass_at_k"] = None if c.get("pass_at_k") is None else _number(c["pass_at_k"], f"{where}.pass_at_k")
+    out["pass_ci"] = _pair(c.get("pass_ci"), f"{where}.pass_ci")
+    return out
+
+
+def suite_view(raw: Any) -> dict[str, Any]:
+    """A ``suite-NAME.json`` (``turnrl.evalsuite.SuiteResult.to_dict``) as the page draws it; ValueError naming the
+    first field that is missing or of the wrong type."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("entries"), list) or not isinstance(raw.get("rows"), list):
+        raise ValueError("not an object with 'entries' and 'rows' lists")
+    columns = []
+    for i, e in enumerate(raw["entries"]):
+        env = e.get("env") if isinstance(e, dict) else None
+        if not isinstance(env, dict) or not isinstance(e.get("name"), str) or not isinstance(env.get("id"), str):
+            raise ValueError(f"entries[{i}] has no name and env.id")
+        kwargs = {str(k): str(v) for k, v in (env.get("kwargs") or {}).items()}
+        columns.append({"name": e["name"], "env": env["id"], "kwargs": kwargs})
+    rows = []
+    for i, r in enumerate(raw["rows"]):
+        cells = r.get("cells") if isinstance(r, dict) else None
+        if not isinstance(cells, list) or len(cells) != len(columns):
+            raise ValueError(f"rows[{i}] has no list of {len(columns)} cells, one per entry")
+        rows.append({"model": str(r.get("model", "")),
+                     "cells": [_suite_cell(c, f"rows[{i}].cells[{j}]") for j, c in enumerate(cells)]})
+    pass_k = raw.get("pass_k") or 0
+    if not isinstance(pass_k, int):
+        raise ValueError(f"pass_k is {pass_k!r}, not an integer")
+    return {"suite": str(raw.get("suite", "")), "pass_k": pass_k, "seed_start": raw.get("seed_start"),
+            "excluded_keys": raw.get("excluded_keys"), "columns": columns, "rows": rows}
+
+
+def _load_suites(run_dir: Path, data: ReportData) -> None:
+    """Every ``RUN/suite-*.json`` into ``data.suites``; a malformed one becomes a note naming it, the rest still show."""
+    for path in sorted(run_dir.glob("suite-*.json")):
+        try:
+            view = suite_view(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as e:
+            data.notes.append(f"{path.name} is not a transfer matrix of `turnrl eval --suite` ({e}); it is left out: "
+                              f"write it again with `turnrl eval --suite SUITE --out {run_dir}`")
+            continue
+        data.suites.append({"file": path.name, **view})
+
+
 def load_report_data(run_dir: Path, max_trajectories: int = 200, max_text_chars: int = 20_000) -> ReportData:
-    """Read a run directory (``metrics.jsonl``, ``alerts.jsonl``, ``config.yaml``, ``trajectories.jsonl``)."""
+    """Read a run directory (``metrics.jsonl``, ``alerts.jsonl``, ``config.yaml``, ``suite-*.json``,
+    ``trajectories.jsonl``)."""
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").exists() and not (run_dir / "config.yaml").exists():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no metrics.jsonl or config.yaml); "
@@ -191,6 +259,7 @@ def load_report_data(run_dir: Path, max_trajectories: int = 200, max_text_chars:
         data.config = cfg_text
     else:
         data.notes.append("no config.yaml in the run directory")
+    _load_suites(run_dir, data)
 
     traj_path = run_dir / "trajectories.jsonl"
     counts: dict[int, int] = {}
@@ -240,6 +309,7 @@ def render_html(data: ReportData) -> str:
     payload = {
         "run": data.run, "metrics": data.metrics, "alerts": data.alerts, "config": data.config,
         "trajectories": data.trajectories, "total_trajectories": data.total_trajectories, "notes": data.notes,
+        "suites": data.suites,
         "panels": [[title, names] for title, names in PANELS],
     }
     title = "turnrl report: " + data.run

@@ -234,4 +234,46 @@ colorSel.addEventListener("change", colorTokens);
 if (byStep.size) stepSel.value = String([...byStep.keys()].sort((a, b) => a - b).pop());
 fillTrajectories();
 renderTrajectory();
+
+// ---- transfer matrices (RUN/suite-*.json) ---------------------------------------------------------------
+function interval(lo, hi) { return `[${lo.toFixed(2)}-${hi.toFixed(2)}]`; }
+function suiteTable(s) {
+  const box = el("div", {class: "suite", "data-file": s.file});
+  box.appendChild(el("h3", {}, `${s.suite} (${s.file})`));
+  const known = s.excluded_keys === null || s.excluded_keys === undefined ? "no trained task keys known"
+    : `${s.excluded_keys} trained task keys excluded`;
+  box.appendChild(el("p", {class: "meta"}, "Rows: the evaluated models (a checkpoint, or base = the untrained model.path). " +
+    "Columns: each env at its difficulty. Cell: greedy success [95% Wilson interval over distinct tasks]" +
+    (s.pass_k ? `, pass@${s.pass_k} [interval]` : "") + `, valid-action rate, n distinct held-out tasks ` +
+    `(seeds from ${fmt(s.seed_start)}; ${known}). Shade: success.`));
+  const tbl = el("table", {class: "matrix"});
+  const head = el("tr", {});
+  head.appendChild(el("th", {}, "model"));
+  for (const c of s.columns) {
+    const th = el("th", {}, c.name);
+    th.appendChild(el("small", {}, [c.env, ...Object.entries(c.kwargs).map(([k, v]) => `${k}=${v}`)].join(", ")));
+    head.appendChild(th);
+  }
+  tbl.appendChild(head);
+  for (const r of s.rows) {
+    const tr = el("tr", {class: "matrix-row"});
+    tr.appendChild(el("th", {}, r.model));
+    for (const c of r.cells) {
+      const td = el("td", {class: "cell", style: `background:${mix(WHITE, GREEN, c.success)}`},
+        `${c.success.toFixed(3)} ${interval(c.ci_low, c.ci_high)}`);
+      if (c.pass_at_k !== null) td.appendChild(el("small", {}, `pass@${s.pass_k} ${c.pass_at_k.toFixed(3)}` +
+        (c.pass_ci ? " " + interval(c.pass_ci[0], c.pass_ci[1]) : "")));
+      td.appendChild(el("small", {}, `valid ${c.valid_action_rate.toFixed(2)} · n=${c.distinct_tasks}`));
+      tr.appendChild(td);
+    }
+    tbl.appendChild(tr);
+  }
+  box.appendChild(tbl);
+  return box;
+}
+if (D.suites.length) {
+  for (const id of ["suites", "suites-link"]) document.getElementById(id).hidden = false;
+  for (const s of D.suites) document.getElementById("suite-list").appendChild(suiteTable(s));
+}
+
 document.body.setAttribute("data-ready", "1");

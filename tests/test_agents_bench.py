@@ -1,0 +1,55 @@
+"""bench/agents.py's helpers: each env's config is the issue's env, the held-out check catches a demonstration on a
+held-out task, and the targets count only what the numbers show. No model: configs and envs only."""
+
+from __future__ import annotations
+
+import json
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import agents  # noqa: E402
+from baselines import held_out  # noqa: E402
+
+SMOKE = Namespace(smoke=True, eval_tasks=4, sft_steps=0, overrides=[])
+
+
+def test_each_env_is_the_issues_env_under_the_smoke_budget():
+    cfgs = {env: agents.env_config(env, SMOKE) for env in agents.ENVS}
+    assert {c.env.id for c in cfgs.values()} == {"frozenlake-v0", "sokoban-v0", "searchqa-v0", "webshop-v0", "sql-v0",
+                                                   "countdown-v0", "code-v0"}
+    assert cfgs["frozenlake_raw"].env.kwargs == {"show_hints": False}
+    assert cfgs["sokoban"].env.kwargs == {"size": 5, "num_boxes": 1}
+    assert all(c.eval.num_tasks == 4 and c.sft.steps == 2 and c.train.steps == 1 and c.sft.demos == "oracle"
+               for c in cfgs.values())
+    full = agents.env_config("countdown", Namespace(smoke=False, eval_tasks=0, sft_steps=7, overrides=["train.seed=3"]))
+    assert full.sft.steps == 7 and full.eval.num_tasks == 64 and full.train.seed == 3
+
+
+def test_a_demonstration_on_a_held_out_task_is_counted(tmp_path):
+    cfg = agents.env_config("frozenlake_raw", SMOKE)
+    split, _, _ = held_out(cfg)
+    train_seeds = [t.seed for t in split.train_tasks(0)]
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("".join(json.dumps({"seed": s}) + "\n" for s in train_seeds))
+    assert agents.demo_overlap(cfg, demos) == 0
+    demos.write_text("".join(json.dumps({"seed": s}) + "\n" for s in [*train_seeds, split.eval_tasks[0].seed]))
+    assert agents.demo_overlap(cfg, demos) == 1
+
+
+def _record(env: str, base: float, sft: float, sft_rl: float, ci: list[float]) -> dict:
+    return {"env": env, "base": base, "sft": sft, "sft_rl": sft_rl, "ci95_sft_rl": ci}
+
+
+def test_targets_count_gains_and_rl_only_beyond_its_interval():
+    records = [_record("a", 0.0, 0.3, 0.5, [0.35, 0.65]),   # +0.5 over base; RL +0.2, interval above SFT
+               _record("b", 0.1, 0.3, 0.4, [0.25, 0.55]),   # +0.3 over base; RL +0.1 but SFT inside the interval
+               _record("sokoban", 0.0, 0.1, 0.3, [0.05, 0.45])]
+    [(_, gain_met, gain), (_, rl_met, rl), (_, soko_met, soko)] = agents.targets(records)
+    assert not gain_met and gain.startswith("3 of 3 run")
+    assert not rl_met and rl == "1 of 3 run: ['a']"
+    assert soko_met and soko == "0.300"
+    assert agents.targets(records[:1])[2] == ("Sokoban held-out greedy success >= 0.30", False, "Sokoban not run")
