@@ -93,13 +93,15 @@ def write_result(name: str, fields: dict[str, Any], measure: bool = True) -> Pat
     return path
 
 
-def merge_result(name: str, fields: dict[str, Any], measure: bool = True) -> Path:
-    """Update ``bench/results/NAME.json`` with ``fields``, keeping the fields other benchmarks wrote there; each field's
-    command, date and commit go under ``"sources"`` (a file several benchmarks fill, such as perf.json)."""
+def merge_result(name: str, fields: dict[str, Any], measure: bool = True, machine: dict[str, Any] | None = None) -> Path:
+    """Update ``bench/results/NAME.json`` with ``fields``, keeping the fields other benchmarks wrote there (a file
+    several benchmarks fill, such as perf.json). Each field's command, date, commit and the machine's measured peak and
+    bandwidth go under ``"sources"``: ``machine`` when the benchmark measured them itself (the figures its ratios use),
+    else measured now when ``measure``."""
     path = ROOT / "bench" / "results" / f"{name}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
-    head = header(measure)
-    source = {k: head[k] for k in ("command", "date", "commit")}
+    head = header(measure and machine is None) | (machine or {})
+    source = {k: head[k] for k in ("command", "date", "commit", "peak_gflops_bf16", "bandwidth_gbs") if k in head}
     sources = old.get("sources", {}) | {k: source for k in fields}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**old, **head, **fields, "sources": sources}, indent=2) + "\n")

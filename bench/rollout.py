@@ -212,7 +212,8 @@ def main() -> int:
             f.write(head + report)
         if "per_step" in of_bound:  # the default context's figure is issue 22's decode target (>= 60%)
             perf = {"decode_of_bound": round(of_bound["per_step"], 3), "decode_of_bound_by_context": of_bound}
-            print(f"wrote {merge_result('perf', perf)}")
+            machine = {"peak_gflops_bf16": round(peak, 1), "bandwidth_gbs": round(bandwidth, 2)}  # what the ratio used
+            print(f"wrote {merge_result('perf', perf, machine=machine)}")
     return 0
 
 
