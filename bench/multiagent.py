@@ -1,6 +1,7 @@
-"""Multi-agent training: per-agent credit vs a shared team reward (relay-v0), and self-play against the base (nim-v0).
+"""Multi-agent training: per-agent credit vs a shared team reward (relay-v0), self-play against the base (nim-v0), and
+a planner / executor hierarchy vs flat training on a long-horizon task (8x8 FrozenLake).
 
-Two measurements, each training the default model (SmolLM2-135M-Instruct) from scratch with the run's own loop
+Three measurements, each training the default model (SmolLM2-135M-Instruct) from scratch with the run's own loop
 (``turnrl.loop.train``), evaluated greedily on held-out tasks distinct by task key (``build.TaskSplit``):
 
 - **cooperative** (relay-v0, 3-digit codes): the same budget and training tasks under ``algo.estimator=counterfactual``
@@ -8,6 +9,12 @@ Two measurements, each training the default model (SmolLM2-135M-Instruct) from s
   the shared team advantage). Success is the team's (both roles share it).
 - **self-play** (nim-v0 with ``multiagent.selfplay=true``): the learner plays one role per task against a pool of its
   frozen past versions; evaluation plays every task against the base model, so its success is the win rate vs base.
+- **hierarchy** (``frozenlake-hier-v0`` vs ``frozenlake-8x8-v0``, docs/hierarchy.md): the same steps, tasks and
+  episodes per step; the hierarchy's executor has the flat agent's 24 moves, its planner's turns come on top (joint
+  limit 40). Both are evaluated every tenth of the run on the same held-out maps; ``hier_steps_ratio`` is the first
+  evaluated step at which the hierarchy's success reaches flat training's final success, over flat's steps (target
+  <= 0.6; null with ``hier.ratio_note`` saying why when flat did not improve on its base or the hierarchy never got
+  there).
 
 Every learning number stands beside, on the same held-out tasks: uniform random, the best simple fixed rule, the base
 model (each run's step-0 evaluation) and the oracle, with 95% Wilson intervals over the distinct tasks. The policies
@@ -15,19 +22,23 @@ read only their own role's prompt (:class:`PolicyEngine`) and play through the s
 model. Cooperative: random = random digits said and entered; rule = the best rule without messages (the listener
 enters a fixed code, :func:`~turnrl.envs.relay.no_message_rule`); oracle = say the code, enter what was said.
 Self-play (all against the base model): random = a uniform legal move; rule = one object from the largest heap;
-oracle = Bouton's nim-sum strategy.
+oracle = Bouton's nim-sum strategy. Hierarchy: bench/baselines.py's FrozenLake policies on the flat env's held-out
+maps (random move; Down if the hint says frozen, else Right; the shortest path), the ceiling of both arms.
 
     python bench/multiagent.py --smoke     # end-to-end check: 1 step per arm, 1 task x 2 episodes, 4 eval tasks
     python bench/multiagent.py             # full budget: 30 steps per arm, 4 tasks x 8 episodes, 32 eval tasks
+    python bench/multiagent.py --arms hier # one measurement; the result file keeps the others' fields
 
-writes ``bench/results/multiagent.json`` with ``coop_per_agent``, ``coop_shared``, ``selfplay_winrate``,
-``selfplay_ci95``, ``distinct_eval_tasks`` and ``hier_steps_ratio`` (null: hierarchy is not built), plus every row.
-Run directories go to a temporary directory that is deleted (no checkpoints are kept).
+merges into ``bench/results/multiagent.json`` (``machine.merge_result``: each field's command, date and commit under
+``sources``) ``coop_per_agent``, ``coop_shared``, ``distinct_eval_tasks``, ``selfplay_winrate``, ``selfplay_ci95``,
+``hier_steps_ratio``, plus every row. Run directories go to a temporary directory that is deleted (no checkpoints
+are kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import re
@@ -41,7 +52,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from machine import write_result  # noqa: E402
+from baselines import measure  # noqa: E402
+from machine import merge_result  # noqa: E402
 
 from turnrl.build import build, sampling_params  # noqa: E402
 from turnrl.config import Config  # noqa: E402
@@ -162,41 +174,96 @@ def cell(r: dict[str, Any]) -> str:
     return f"{r['success']:.3f} [{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}]"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="the reduced budget (an end-to-end check, not a measurement)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = parser.parse_args()
-    budget = BUDGETS["smoke" if args.smoke else "full"]
-    rng = random.Random(0)
-    threads = {"train": {"threads": args.threads}} if args.threads else {}
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        coop: dict[str, Any] = {}
-        for arm, estimator in (("per_agent", "counterfactual"), ("shared", "team_grpo")):
-            cfg = config("relay-v0", budget, tmp, {"algo": {"estimator": estimator}, **threads})
-            coop["base"], coop[arm], _, c = trained(cfg)
-        coop.update(baselines(c, relay_policies(rng), against_base=False))
-        cfg = config("nim-v0", budget, tmp, {"multiagent": {"selfplay": True, "pool_size": 2}, **threads})
-        selfplay: dict[str, Any] = {}
-        selfplay["base"], selfplay["trained"], curve, c = trained(cfg)
-        selfplay["elo"] = {k: v for k, v in curve[-1].items() if k.startswith("selfplay/elo")}
-        selfplay.update(baselines(c, nim_policies(rng), against_base=True))
+def coop_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """relay-v0: per-agent (counterfactual) credit vs the shared team reward, beside the baselines."""
+    coop: dict[str, Any] = {}
+    for arm, estimator in (("per_agent", "counterfactual"), ("shared", "team_grpo")):
+        cfg = config("relay-v0", budget, tmp, {"algo": {"estimator": estimator}, **extra})
+        coop["base"], coop[arm], _, c = trained(cfg)
+    coop.update(baselines(c, relay_policies(rng), against_base=False))
     print(f"\nrelay-v0, team success on {coop['base']['distinct_tasks']} held-out tasks ({budget}):")
     for name in ("random", "rule", "base", "per_agent", "shared", "oracle"):
         print(f"  {name:10s} {cell(coop[name])}")
+    return {"coop_per_agent": coop["per_agent"]["success"], "coop_shared": coop["shared"]["success"],
+            "distinct_eval_tasks": coop["base"]["distinct_tasks"], "coop": coop}
+
+
+def selfplay_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """nim-v0 under self-play: the trained learner's win rate against the base model, beside the baselines."""
+    cfg = config("nim-v0", budget, tmp, {"multiagent": {"selfplay": True, "pool_size": 2}, **extra})
+    selfplay: dict[str, Any] = {}
+    selfplay["base"], selfplay["trained"], curve, c = trained(cfg)
+    selfplay["elo"] = {k: v for k, v in curve[-1].items() if k.startswith("selfplay/elo")}
+    selfplay.update(baselines(c, nim_policies(rng), against_base=True))
     print(f"nim-v0, win rate against the base model on {selfplay['base']['distinct_tasks']} held-out tasks:")
     for name in ("random", "rule", "base", "trained", "oracle"):
         print(f"  {name:10s} {cell(selfplay[name])}")
     print(f"  Elo after training: {json.dumps({k: round(v, 1) for k, v in selfplay['elo'].items()})}")
-    path = write_result("multiagent", {
-        "budget": "smoke" if args.smoke else "full", **budget,
-        "coop_per_agent": coop["per_agent"]["success"], "coop_shared": coop["shared"]["success"],
-        "selfplay_winrate": selfplay["trained"]["success"], "selfplay_ci95": selfplay["trained"]["ci95"],
-        "hier_steps_ratio": None, "distinct_eval_tasks": coop["base"]["distinct_tasks"],
-        "coop": coop, "selfplay": selfplay,
-        "wall_s": time.perf_counter() - t0,
-    })
+    return {"selfplay_winrate": selfplay["trained"]["success"], "selfplay_ci95": selfplay["trained"]["ci95"],
+            "selfplay": selfplay}
+
+
+def success_curve(rows: list[dict[str, float]]) -> list[tuple[int, float]]:
+    """``(step, held-out success)`` of every evaluation of a run, in order."""
+    return [(int(r["step"]), r["eval/success_rate"]) for r in rows if "eval/success_rate" in r]
+
+
+def steps_ratio(flat: list[tuple[int, float]], hier: list[tuple[int, float]]) -> tuple[float | None, str]:
+    """``hier_steps_ratio``: the first evaluated step at which the hierarchy's held-out success reaches flat training's
+    final success, over flat's step count; None (with the reason) when flat did not improve on its step-0 success
+    (there is nothing to reach) or the hierarchy never reached it."""
+    (_, flat_base), (flat_steps, flat_final) = flat[0], flat[-1]
+    if flat_final <= flat_base:
+        return None, f"flat training did not improve on its base ({flat_base:.3f} -> {flat_final:.3f}): nothing to reach"
+    reached = next((step for step, success in hier if success >= flat_final), None)
+    if reached is None:
+        return None, f"the hierarchy never reached flat's final success {flat_final:.3f} (its best: {max(s for _, s in hier):.3f})"
+    return reached / flat_steps, f"the hierarchy reached {flat_final:.3f} at step {reached} of flat's {flat_steps}"
+
+
+def hier_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """8x8 FrozenLake: planner / executor with milestone and hindsight rewards vs flat training, same steps, tasks and
+    episodes per step, evaluated every tenth of the run on the same held-out maps (the hierarchy's task key is the
+    map's), beside the flat env's random, rule and oracle."""
+    every = {"eval": {"every": max(1, budget["steps"] // 10)}}
+    flat_cfg = config("frozenlake-8x8-v0", budget, tmp, {"env": {"max_turns": 24}, **every, **extra})
+    hier_cfg = config("frozenlake-hier-v0", budget, tmp, {"env": {"max_turns": 40}, **every, **extra})
+    hier: dict[str, Any] = {}
+    hier["base_flat"], hier["flat"], flat_rows, c = trained(flat_cfg)
+    for name, r in measure(flat_cfg, tokenizer=c.tokenizer).items():
+        hier[name] = {k: r[k] for k in ("success", "ci95", "distinct_tasks")}
+    del c  # one run's model, optimizer and engine in memory at a time
+    gc.collect()
+    hier["base_hier"], hier["hier"], hier_rows, _ = trained(hier_cfg)
+    hier["flat_curve"], hier["hier_curve"] = success_curve(flat_rows), success_curve(hier_rows)
+    hier["milestone_per_trajectory"] = [r["rollout/reward/milestone"] for r in hier_rows if "rollout/reward/milestone" in r]
+    ratio, hier["ratio_note"] = steps_ratio(hier["flat_curve"], hier["hier_curve"])
+    print(f"8x8 FrozenLake, success on {hier['base_flat']['distinct_tasks']} held-out maps:")
+    for name in ("random", "rule", "base_flat", "flat", "base_hier", "hier", "oracle"):
+        print(f"  {name:10s} {cell(hier[name])}")
+    print(f"  hier_steps_ratio: {ratio} ({hier['ratio_note']})")
+    return {"hier_steps_ratio": ratio, "hier": hier}
+
+
+ARMS = {"coop": coop_arm, "selfplay": selfplay_arm, "hier": hier_arm}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="the reduced budget (an end-to-end check, not a measurement)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
+                        help="which measurements to run; the others' fields in the result file are kept")
+    args = parser.parse_args()
+    budget = BUDGETS["smoke" if args.smoke else "full"]
+    rng = random.Random(0)
+    extra = {"train": {"threads": args.threads}} if args.threads else {}
+    t0 = time.perf_counter()
+    fields: dict[str, Any] = {"budget": "smoke" if args.smoke else "full", **budget}
+    with tempfile.TemporaryDirectory() as tmp:
+        for arm in args.arms:
+            fields |= ARMS[arm](budget, tmp, extra, rng)
+    path = merge_result("multiagent", fields | {"wall_s": time.perf_counter() - t0})
     print(f"wrote {path}")
 
 

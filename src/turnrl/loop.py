@@ -43,6 +43,7 @@ from turnrl.build import Components, Task, build, describe, restore, sampling_pa
 from turnrl.config import Config, write_config
 from turnrl.credit.base import is_env_error
 from turnrl.credit.filters import apply_group_mask, keep_informative_groups, mask_overlong
+from turnrl.credit.rewardflow import apply_rewardflow
 from turnrl.credit.rewards import apply_process_rewards, clip_rewards, load_prm
 from turnrl.engines import SamplingParams
 from turnrl.learner import ValueBatch, build_samples
@@ -203,6 +204,8 @@ def assign_credit(c: Components, groups: list[TrajectoryGroup], estimator, param
     a = c.cfg.algo
     if prm is not None:
         apply_process_rewards(groups, prm, a.prm_weight)
+    if c.cfg.hierarchy.rewardflow > 0:  # success propagated over each group's state graph (docs/hierarchy.md)
+        apply_rewardflow(groups, c.cfg.hierarchy.rewardflow, c.cfg.hierarchy.rewardflow_gamma)
     if a.reward_clip > 0:
         clip_rewards(groups, a.reward_clip)
     if c.shaper is not None:

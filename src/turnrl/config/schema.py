@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from turnrl.config.curriculum import CurriculumConfig
 from turnrl.config.experience import ExperienceConfig
+from turnrl.config.hierarchy import HierarchyConfig
 from turnrl.config.lora import LoraConfig
 from turnrl.config.memory import MemoryConfig
 from turnrl.config.multiagent import MultiAgentConfig
@@ -258,6 +259,7 @@ class Config(Section):
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     multiagent: MultiAgentConfig = Field(default_factory=MultiAgentConfig)
+    hierarchy: HierarchyConfig = Field(default_factory=HierarchyConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
 
     @model_validator(mode="after")

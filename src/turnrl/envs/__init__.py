@@ -1,7 +1,8 @@
 """Environments: the contract (``base``), registry (``make``/``register``), ``wrappers``, ``check_env``, built-ins.
 
 Built-in ids (``turnrl envs`` lists them): ``frozenlake-v0``, ``sokoban-v0``, ``keys-v0`` (needs memory),
-``code-v0`` (runs code in ``turnrl.envs.sandbox``) and ``webshop-v0``. Their modules are imported on the first ``make``; an unregistered
+``code-v0`` (runs code in ``turnrl.envs.sandbox``), ``webshop-v0``, the long-horizon ``frozenlake-8x8-v0`` and its
+planner/executor hierarchy ``frozenlake-hier-v0`` (and ``sokoban-hier-v0``, two boxes; ``docs/hierarchy.md``), among others. Their modules are imported on the first ``make``; an unregistered
 env is made by its ``"package.module:Class"``.
 Adapter ids (``openenv-v0``, ``textarena-v0``, ``reasoning-gym-v0``, ``gym-*-v0``) wrap other
 standards' envs; see :mod:`turnrl.envs.adapters`.
@@ -18,6 +19,25 @@ register(
     "turnrl.envs.frozenlake:FrozenLake",
     description="FrozenLake, Gymnasium semantics; a random solvable 4x4 map per seed (8x8, slippery, fixed maps optional)",
     max_turns=8,
+)
+register(
+    "frozenlake-8x8-v0",
+    "turnrl.envs.frozenlake:FrozenLake",
+    description="FrozenLake, long horizon: a random solvable 8x8 map per seed (flat counterpart of frozenlake-hier-v0)",
+    size=8,
+    max_turns=24,
+)
+register(
+    "frozenlake-hier-v0",
+    "turnrl.envs.hierarchy:FrozenLakeHierarchy",
+    description="multi-agent hierarchy on 8x8 FrozenLake: a planner sets cells as subgoals (GOAL r c), an executor walks",
+    max_turns=40,
+)
+register(
+    "sokoban-hier-v0",
+    "turnrl.envs.hierarchy:SokobanHierarchy",
+    description="multi-agent hierarchy on 6x6 Sokoban with two boxes: a planner names the target to fill (BOX r c), an executor pushes",
+    max_turns=40,
 )
 register(
     "sokoban-v0",

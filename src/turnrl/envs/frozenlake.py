@@ -54,7 +54,7 @@ MAPS = {
 INVALID_FEEDBACK = "Invalid action. Answer with one of: Left, Down, Right, Up."
 _CELL_NAMES = {"S": "frozen", "F": "frozen", "H": "hole", "G": "goal"}
 # Fixed maps and positions for the few-shot examples; not drawn from any seed. Oracle moves: Down, Right.
-_EXAMPLES: list[tuple[list[str], Pos]] = [(["SFFF", "FHFH", "FFFH", "HFFG"], (0, 0)), (["SFFH", "HFFF", "FFHF", "HHFG"], (1, 1))]
+EXAMPLES: list[tuple[list[str], Pos]] = [(["SFFF", "FHFH", "FFFH", "HFFG"], (0, 0)), (["SFFH", "HFFF", "FFHF", "HHFG"], (1, 1))]
 
 
 def shortest_path(desc: list[str], start: Pos) -> list[str] | None:
@@ -67,7 +67,7 @@ def shortest_path(desc: list[str], start: Pos) -> list[str] | None:
 
     def successors(pos: Pos):
         for action in ACTIONS:
-            nxt = _move(desc, pos, action)
+            nxt = move(desc, pos, action)
             if desc[nxt[0]][nxt[1]] != "H":
                 yield action, nxt
 
@@ -84,7 +84,7 @@ def random_map(rng: random.Random, size: int = 4, p_frozen: float = 0.8) -> list
             return desc
 
 
-def _move(desc: list[str], pos: Pos, action: str) -> Pos:
+def move(desc: list[str], pos: Pos, action: str) -> Pos:
     """Where ``action`` leads from ``pos``; a move into the wall stays in place."""
     dr, dc = MOVES[action]
     r, c = pos[0] + dr, pos[1] + dc
@@ -182,7 +182,7 @@ class FrozenLake(Env):
         executed = []
         for action in actions:
             moved = self._rng.choice(SLIPS[action]) if self.slippery else action
-            self.pos = _move(self.desc, self.pos, moved)
+            self.pos = move(self.desc, self.pos, moved)
             executed.append(action)
             if self.cell in "HG":
                 break
@@ -208,7 +208,7 @@ class FrozenLake(Env):
     def examples(self) -> list[tuple[str, str]]:
         """Two (observation, oracle action word) pairs on fixed 4x4 maps, rendered like real observations."""
         out = []
-        for desc, pos in _EXAMPLES:
+        for desc, pos in EXAMPLES:
             path = shortest_path(desc, pos)
             assert path, "few-shot example maps must be solvable"
             out.append((self._render(desc, pos), path[0]))
@@ -233,7 +233,7 @@ class FrozenLake(Env):
         elif self.show_hints:
             around = []
             for action in ACTIONS:
-                nxt = _move(desc, pos, action)
+                nxt = move(desc, pos, action)
                 around.append(f"{action}: {'wall' if nxt == pos else _CELL_NAMES[desc[nxt[0]][nxt[1]]]}")
             lines.append(", ".join(around))
         if self.show_goal and cell not in "GH":
