@@ -21,7 +21,7 @@ CASES = [
     (["turnrl", "train", "env.id", "=", "gym-ta"], ["gym-taxi-v0"]),
     (["turnrl", "train", "--res"], ["--resume"]),
     (["turnrl", "eval", "--engine", ""], ["hf", "vllm", "openai"]),
-    (["turnrl", "play", "sokob"], ["sokoban-v0"]),
+    (["turnrl", "play", "sokob"], ["sokoban-hier-v0", "sokoban-v0"]),  # play takes multi-agent envs too (hot seat)
     (["turnrl", "play", "sokoban-v0", "sokob"], []),  # play's env arguments are the env's own
     (["turnrl", "completion", ""], ["bash", "zsh"]),
     (["turnrl", "train", "--resume", ""], []),  # a path: bash falls back to file names (complete -o default)
