@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from baselines import cell, held_out, measure, summary  # noqa: E402
 from learn_default import held_out_counts  # noqa: E402
-from machine import write_result  # noqa: E402
+from machine import append_results, write_result  # noqa: E402
 
 #: env name -> (recipe under configs/, overrides that make it the issue's env). The ``*_sft.yaml`` recipes hold both
 #: halves; the others are the env's RL recipe with the default ``sft`` section (docs/demos.md).
@@ -217,8 +217,7 @@ def main() -> int:
         fields = {"budget": "smoke" if args.smoke else f"{args.minutes:g} min per env", "records": records,
                   "targets": [{"target": n, "met": m, "evidence": w} for n, m, w in targets(records)]}
         print(f"wrote {write_result('agents_smoke' if args.smoke else 'agents', fields)}")
-        with (ROOT / "bench" / "RESULTS.md").open("a") as f:
-            f.write("\n" + text)
+        append_results(text)
     return 0
 
 

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from baselines import cell, measure, summary  # noqa: E402
-from machine import write_result  # noqa: E402
+from machine import append_results, write_result  # noqa: E402
 
 SMOKE = ["train.steps=2", "rollout.tasks_per_step=2", "rollout.group_size=2", "eval.num_tasks=8"]
 
@@ -138,8 +138,7 @@ def main() -> int:
     text = report(args, fields, table)
     print(text)
     if not args.no_write:
-        with (ROOT / "bench" / "RESULTS.md").open("a") as f:
-            f.write(text + "\n")
+        append_results(text)
     print(f"wrote {write_result('scale_async_smoke' if args.smoke else 'scale_async', fields)}")
     return 0
 

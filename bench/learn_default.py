@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from baselines import cell, measure  # noqa: E402
-from machine import facts, merge_result, write_result  # noqa: E402
+from machine import append_results, facts, merge_result, write_result  # noqa: E402
 
 
 def train_run(args) -> tuple[Path, float]:
@@ -168,8 +168,7 @@ def report(args, run_dir: Path, setup_s: float, total_s: float | None) -> dict:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        with (ROOT / "bench" / "RESULTS.md").open("a") as f:
-            f.write(text + "\n")
+        append_results(text)
     return {
         **speed_fields(rows, evals, setup_s),
         "config": str(args.config), "run_dir": str(run_dir), "distinct_eval_tasks": int(base["eval/distinct_tasks"]),
@@ -237,8 +236,7 @@ def speed(args) -> int:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        with (ROOT / "bench" / "RESULTS.md").open("a") as f:
-            f.write(text + "\n")
+        append_results(text)
         print(f"wrote {merge_result('perf', fields, measure=False)}")
     return 0
 

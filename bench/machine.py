@@ -93,6 +93,12 @@ def write_result(name: str, fields: dict[str, Any], measure: bool = True) -> Pat
     return path
 
 
+def append_results(text: str) -> None:
+    """Append a section to bench/RESULTS.md, a blank line before it."""
+    with (ROOT / "bench" / "RESULTS.md").open("a") as f:
+        f.write("\n" + text.strip("\n") + "\n")
+
+
 def merge_result(name: str, fields: dict[str, Any], measure: bool = True, machine: dict[str, Any] | None = None) -> Path:
     """Update ``bench/results/NAME.json`` with ``fields``, keeping the fields other benchmarks wrote there (a file
     several benchmarks fill, such as perf.json). Each field's command, date, commit and the machine's measured peak and

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import matmul_peak, merge_result, read_bandwidth  # noqa: E402 - bench/ is not a package
+from machine import append_results, matmul_peak, merge_result, read_bandwidth  # noqa: E402 - bench/ is not a package
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -208,8 +208,7 @@ def main() -> int:
             f"SmolLM2-135M, FrozenLake 4x4, {T} tasks x {G} episodes, <= {cfg.env.max_turns} turns, {cfg.rollout.max_new_tokens} "
             "new tokens per turn, temperature 1; same seeds for every engine, each warmed up first.\n\n"
         )
-        with (ROOT / "bench" / "RESULTS.md").open("a") as f:
-            f.write(head + report)
+        append_results(head + report)
         if "per_step" in of_bound:  # the default context's figure is issue 22's decode target (>= 60%)
             perf = {"decode_of_bound": round(of_bound["per_step"], 3), "decode_of_bound_by_context": of_bound}
             machine = {"peak_gflops_bf16": round(peak, 1), "bandwidth_gbs": round(bandwidth, 2)}  # what the ratio used

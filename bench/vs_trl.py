@@ -63,7 +63,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from machine import merge_result  # noqa: E402 - bench/ is not a package
+from machine import append_results, merge_result  # noqa: E402 - bench/ is not a package
 ENV_ID = "frozenlake-v0"
 ENV_KWARGS = {"max_turns": 1, "progress_reward": 0.2, "invalid_penalty": 0.1}
 
@@ -367,8 +367,7 @@ def main() -> int:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        with (ROOT / "bench" / "RESULTS.md").open("a") as f:
-            f.write("\n" + text + "\n")
+        append_results(text)
         if perf:  # the 64-token race feeds issue 22's bench/results/perf.json
             print(f"wrote {merge_result('perf', perf)}")
     return 0

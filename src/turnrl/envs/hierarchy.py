@@ -261,6 +261,26 @@ def executor_view(subgoals: Subgoals, observation: str, subgoal: str) -> str:
 Cell = tuple[int, int]
 
 
+class CellSubgoals(Subgoals):
+    """Subgoals named by a cell, written ``"<verb> <row> <col>"``; canonical form ``"<row> <col>"``."""
+
+    verb: str = ""  # the word before the cell in the planner's answer
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+
+    def parse(self, text: str) -> tuple[str | None, str]:
+        cell = _parse_cell(self.verb, text)
+        if cell is None:
+            return None, f"No subgoal found. Write: {self.format}"
+        why = self.invalid(cell)
+        return (None, why) if why else (f"{cell[0]} {cell[1]}", "")
+
+    def invalid(self, cell: Cell) -> str:
+        """Why ``cell`` is not a valid subgoal in the current state ("" when it is)."""
+        raise NotImplementedError
+
+
 def _parse_cell(verb: str, text: str) -> Cell | None:
     """The cell of a ``"<verb> <row> <col>"`` subgoal in ``text`` (case-insensitive), or None."""
     found = re.search(rf"\b{verb}\W*(\d+)\W+(\d+)", text, re.IGNORECASE)
@@ -284,30 +304,26 @@ def _offset(start: Cell, cell: Cell) -> str:
     return ", ".join(parts) or "here"
 
 
-class FrozenLakeSubgoals(Subgoals):
+class FrozenLakeSubgoals(CellSubgoals):
     """FrozenLake's subgoals: cells to stand on, ``"<row> <col>"`` (0-based from the top left).
 
     Valid: a cell on the map, not a hole, not the player's own, reachable without crossing a hole. Progress: minus
     the shortest path's length from the player to the goal (a hole, from which none exists: minus infinity).
     """
 
+    verb = "GOAL"
     format = "GOAL <row> <col>"
+    env: FrozenLake
 
-    def __init__(self, env: FrozenLake) -> None:
-        self.env = env
-
-    def parse(self, text: str) -> tuple[str | None, str]:
-        cell = _parse_cell("GOAL", text)
-        if cell is None:
-            return None, f"No subgoal found. Write: {self.format}"
+    def invalid(self, cell: Cell) -> str:
         rows, cols = len(self.env.desc), len(self.env.desc[0])
         if not (cell[0] < rows and cell[1] < cols):
-            return None, f"Cell {cell[0]} {cell[1]} is off the map: rows 0-{rows - 1}, columns 0-{cols - 1}."
+            return f"Cell {cell[0]} {cell[1]} is off the map: rows 0-{rows - 1}, columns 0-{cols - 1}."
         if cell == self.env.pos:
-            return None, f"P already stands on {cell[0]} {cell[1]}: choose another cell."
+            return f"P already stands on {cell[0]} {cell[1]}: choose another cell."
         if self._path(cell) is None:
-            return None, f"Cell {cell[0]} {cell[1]} is a hole or cannot be reached: choose another cell."
-        return f"{cell[0]} {cell[1]}", ""
+            return f"Cell {cell[0]} {cell[1]} is a hole or cannot be reached: choose another cell."
+        return ""
 
     def reached(self, subgoal: str) -> bool:
         return self.label() == subgoal
@@ -363,7 +379,7 @@ class FrozenLakeSubgoals(Subgoals):
 # ---------------------------------------------------------------------------------------------- Sokoban
 
 
-class SokobanSubgoals(Subgoals):
+class SokobanSubgoals(CellSubgoals):
     """Sokoban's subgoals: a box on a target, named by the target's cell ``"<row> <col>"`` (``BOX <row> <col>``).
 
     Valid: an empty target onto which some box can be pushed from the current position (a breadth-first search over
@@ -371,21 +387,17 @@ class SokobanSubgoals(Subgoals):
     task's natural milestones; the hindsight label names the targets that hold a box.
     """
 
+    verb = "BOX"
     format = "BOX <row> <col>"
+    env: Sokoban
 
-    def __init__(self, env: Sokoban) -> None:
-        self.env = env
-
-    def parse(self, text: str) -> tuple[str | None, str]:
-        cell = _parse_cell("BOX", text)
-        if cell is None:
-            return None, f"No subgoal found. Write: {self.format}"
+    def invalid(self, cell: Cell) -> str:
         name = f"{cell[0]} {cell[1]}"
         if cell not in self.env.puzzle.targets or cell in self.env.puzzle.boxes:
-            return None, f"Cell {name} is not an empty target (O): choose one."
+            return f"Cell {name} is not an empty target (O): choose one."
         if self._plan(cell) is None:
-            return None, f"No box can be pushed onto {name} from here: choose another target."
-        return name, ""
+            return f"No box can be pushed onto {name} from here: choose another target."
+        return ""
 
     def reached(self, subgoal: str) -> bool:
         return _cell_of(subgoal) in self.env.puzzle.boxes
