@@ -1,5 +1,8 @@
 """The collector keeps exact token ids: what the learner trains on is what the engine conditioned on."""
 
+import asyncio
+import time
+
 import pytest
 
 from turnrl.engines import HFEngine, SamplingParams
@@ -118,6 +121,28 @@ def test_stats_accumulate_over_collect_calls_until_taken(tokenizer, tiny_model):
     two = twice.take_stats()
     assert (two.prompt_tokens, two.generated_tokens) == (2 * one.prompt_tokens, 2 * one.generated_tokens)
     assert twice.take_stats() == RolloutStats()  # taking resets
+
+
+class SlowCountEnv(CountEnv):
+    """A CountEnv whose ``astep`` waits like a network call, so concurrent episodes' waits overlap."""
+
+    async def astep(self, action_text):
+        await asyncio.sleep(0.05)
+        return self.step(action_text)
+
+
+def test_session_engine_stats_are_wall_time_not_a_sum_over_concurrent_episodes(tokenizer, tiny_model):
+    from turnrl.engines.native import NativeEngine
+
+    engine = NativeEngine(tiny_model, tokenizer, dtype="fp32", max_slots=8, max_len=512)
+    col = Collector(engine, tokenizer, lambda: SlowCountEnv(goal=3))
+    t0 = time.perf_counter()
+    col.collect([0, 1, 2, 3], 2, SamplingParams(max_new_tokens=3, temperature=0.0))
+    wall = time.perf_counter() - t0
+    stats = col.take_stats()
+    # 8 episodes x 3 steps x 50 ms = 1.2 s of summed waits; the waits overlap, so the env's wall share is far less
+    assert 0.15 <= stats.env_s <= wall
+    assert 0 < stats.generate_s <= wall
 
 
 class KeyedEnv(CountEnv):

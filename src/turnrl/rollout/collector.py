@@ -110,9 +110,10 @@ class Collector:
         episodes = [ep for ep in await asyncio.gather(*starts) if ep is not None]
 
         if isinstance(self.engine, SessionEngine):  # continuous batching, caches kept across turns
-            t0, env_s = time.perf_counter(), self.stats.env_s
-            await asyncio.gather(*(self._episode(ep, sampling) for ep in episodes))
-            self.stats.generate_s += time.perf_counter() - t0 - (self.stats.env_s - env_s)  # wall time, not a sum over episodes
+            generating, stepping = _Busy(), _Busy()
+            await asyncio.gather(*(self._episode(ep, sampling, generating, stepping) for ep in episodes))
+            self.stats.generate_s += generating.seconds
+            self.stats.env_s += stepping.seconds
         else:
             live = episodes
             while live:
@@ -152,7 +153,7 @@ class Collector:
         self.stats.env_s += time.perf_counter() - t0
         return [ep for ep, more in zip(runnable, going_on) if more]
 
-    async def _episode(self, ep: _Episode, sampling: SamplingParams) -> None:
+    async def _episode(self, ep: _Episode, sampling: SamplingParams, generating: _Busy, stepping: _Busy) -> None:
         """Continuous batching: one episode as a coroutine, its turns submitted to a session engine.
 
         The episode keeps one engine sequence for its lifetime, so the engine reuses the cached part of each
@@ -166,12 +167,12 @@ class Collector:
                 if len(ids) + sampling.max_new_tokens > self.context.max_context_tokens:
                     _end(ep.traj, ep.env, Termination.TRUNCATED_CONTEXT)
                     return
-                comp = await engine.agenerate(seq, ids, sampling)
+                with generating:
+                    comp = await engine.agenerate(seq, ids, sampling)
                 self.stats.prompt_tokens += len(ids)
                 self.stats.generated_tokens += len(comp.token_ids)
-                t0 = time.perf_counter()
-                going_on = await self._act(ep, ids, comp)
-                self.stats.env_s += time.perf_counter() - t0
+                with stepping:
+                    going_on = await self._act(ep, ids, comp)
                 if not going_on:
                     return
         finally:
@@ -230,6 +231,27 @@ class Collector:
             if deadline.expired():
                 raise EnvFault(f"{what} took longer than {self.step_timeout_s:g} s (env.step_timeout_s)") from None
             raise EnvFault(f"{what} failed: {type(e).__name__}: {e}") from e
+
+
+class _Busy:
+    """Wall seconds during which at least one of the concurrent episodes is inside a ``with`` block of this object.
+
+    Under continuous batching the episodes wait on the engine and on their envs at overlapping times: summing each
+    episode's waits would count the same second many times (and could exceed the rollout's wall time).
+    """
+
+    def __init__(self) -> None:
+        self.seconds, self._inside, self._since = 0.0, 0, 0.0
+
+    def __enter__(self) -> None:
+        if self._inside == 0:
+            self._since = time.perf_counter()
+        self._inside += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._inside -= 1
+        if self._inside == 0:
+            self.seconds += time.perf_counter() - self._since
 
 
 def _run(main: Coroutine[Any, Any, T]) -> T:
