@@ -13,7 +13,8 @@ autocast), runs a first update (cold: CPU kernels are built per shape; AdamW's s
 - ``lora``: LoRA adapters (``lora.*`` defaults: rank 16 on every attention and MLP projection);
 - ``freeze15`` / ``freeze24``: ``train.freeze_layers`` = 15 / 24 of the 30 decoder layers (and the embeddings);
 - ``no_prompt_grad``: ``train.prompt_grad=false`` (the context before each micro-batch's kept span without autograd);
-- ``freeze15_no_prompt_grad``: both.
+- ``freeze15_no_prompt_grad``: both;
+- ``recompute``: ``train.activation_checkpointing=true`` (the exact gradient; each layer recomputed in the backward).
 
 Gradient direction: the first update's gradient (taken before its optimizer step, so at the same weights in every
 arm; after clipping, which only scales it) is compared with the ``full`` arm's by cosine, over all parameters (the
@@ -57,6 +58,7 @@ ARMS = {
     "freeze24": ["train.freeze_layers=24"],
     "no_prompt_grad": ["train.prompt_grad=false"],
     "freeze15_no_prompt_grad": ["train.freeze_layers=15", "train.prompt_grad=false"],
+    "recompute": ["train.activation_checkpointing=true"],
 }
 
 
@@ -96,6 +98,7 @@ def arm(args) -> int:
     from turnrl.models import load_model, load_tokenizer
     from turnrl.models.freeze import freeze_lower_layers
     from turnrl.models.lora import trainable_parameters
+    from turnrl.models.recompute import checkpoint_layers
     from turnrl.types import TrainSample
 
     torch.set_num_threads(args.threads)
@@ -106,6 +109,8 @@ def arm(args) -> int:
     if cfg.lora.enabled:
         model = with_lora(cfg, model)
     freeze_lower_layers(model, cfg.train.freeze_layers)
+    if cfg.train.activation_checkpointing:
+        checkpoint_layers(model)
     learner = Learner(model, LearnerParams.from_config(cfg), pad_id=tok.pad_token_id)
     before = _rss_gb()
     t = time.perf_counter()

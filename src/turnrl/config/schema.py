@@ -182,6 +182,9 @@ class TrainConfig(Section):
     prompt_grad: bool = Field(True, description="false: each micro-batch's context before its first predicting position "
                               "runs without autograd, so the gradient ignores the path through the context's keys and "
                               "values (an approximation, faster; docs/speed.md)")
+    activation_checkpointing: bool = Field(False, description="keep only each decoder layer's input for the backward "
+                                           "and recompute the layer there: the same gradient, much less update memory, "
+                                           "about one more forward pass of time (docs/speed.md)")
 
 
 class EvalConfig(Section):

@@ -19,7 +19,7 @@ from turnrl.config import Config
 from turnrl.learner import losses
 from turnrl.learner.samples import Batch, build_samples, collate, micro_batches
 from turnrl.models.lora import adapter_disabled
-from turnrl.models.prefix import additive_mask, forward, prefix_cache
+from turnrl.models.prefix import PrefixCache, additive_mask, forward, prefix_cache
 from turnrl.types import Advantages, Termination, TrainSample, Trajectory
 
 
@@ -69,10 +69,13 @@ def _kept_forward(model, module, batch: Batch, prompt_grad: bool, **kwargs):
     with torch.set_grad_enabled(prompt_grad and torch.is_grad_enabled()):
         cache = prefix_cache(model, batch.prefix, ids.shape[0]) if batch.prefix else None
         if context:
+            cache = cache or PrefixCache(config=model.config)
             past = attention.shape[1] - ids.shape[1] + context
             _, cache = forward(module, cache, input_ids=ids[:, :context], position_ids=positions[:, :context],
                                attention_mask=additive_mask(attention[:, :past], context, dtype), use_cache=True,
                                **({"logits_to_keep": 1} if "logits_to_keep" in kwargs else {}))
+    if cache is not None:
+        cache.freeze()  # a recomputed layer (activation checkpointing) must see the same keys: turnrl.models.recompute
     out, _ = forward(module, cache, input_ids=ids[:, context:], position_ids=positions[:, context:],
                      attention_mask=additive_mask(attention, ids.shape[1] - context, dtype),
                      use_cache=cache is not None, **kwargs)

@@ -20,16 +20,19 @@ class FreezeError(ValueError):
     """``train.freeze_layers`` does not fit this model."""
 
 
-def decoder_layers(model) -> torch.nn.ModuleList:
-    """The decoder's list of transformer blocks (Llama-style ``model.model.layers``; through a LoRA wrapper too)."""
+def decoder_layers(model, option: str = "train.freeze_layers", off: str = "0") -> torch.nn.ModuleList:
+    """The decoder's list of transformer blocks (Llama-style ``model.model.layers``; through a LoRA wrapper too).
+
+    ``option`` is the config key that needs them and ``off`` its value that does not: the error names both.
+    """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     try:
         layers = base.get_decoder().layers
     except (AttributeError, ValueError, NotImplementedError):
         layers = None
     if not isinstance(layers, torch.nn.ModuleList):
-        raise FreezeError(f"train.freeze_layers needs a decoder with a list of layers, and {type(base).__name__} has "
-                          "none that turnrl can find: set train.freeze_layers=0")
+        raise FreezeError(f"{option} needs a decoder with a list of layers, and {type(base).__name__} has "
+                          f"none that turnrl can find: set {option}={off}")
     return layers
 
 

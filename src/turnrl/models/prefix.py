@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import torch
 from transformers.cache_utils import DynamicCache
 
+from turnrl.models.recompute import paused
+
 
 def common_prefix_len(seqs: Sequence[Sequence[int]], limit: int | None = None) -> int:
     """Length of the longest prefix shared by every sequence, at most ``limit``."""
@@ -31,14 +33,41 @@ def common_prefix_len(seqs: Sequence[Sequence[int]], limit: int | None = None) -
     return n
 
 
-def prefix_cache(model, prefix_ids: Sequence[int], batch_size: int) -> DynamicCache:
-    """Run ``prefix_ids`` once and return a cache whose every layer is broadcast to ``batch_size`` rows."""
+class PrefixCache(DynamicCache):
+    """A :class:`DynamicCache` that stops growing once frozen: ``update`` then returns (stored ++ new), storing nothing.
+
+    HF attention *appends* to its cache, so running a layer twice over the same cache (activation checkpointing's
+    recompute, :mod:`turnrl.models.recompute`) would show it its own keys twice; frozen, every run sees the same keys.
+    """
+
+    frozen = False
+
+    def freeze(self) -> "PrefixCache":
+        self.frozen = True
+        return self
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if not self.frozen:
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        layer = self.layers[layer_idx] if layer_idx < len(self.layers) else None
+        if layer is None or not layer.is_initialized or layer.keys.numel() == 0:
+            return key_states, value_states
+        return torch.cat((layer.keys, key_states), dim=-2), torch.cat((layer.values, value_states), dim=-2)
+
+
+def prefix_cache(model, prefix_ids: Sequence[int], batch_size: int) -> PrefixCache:
+    """Run ``prefix_ids`` once and return a cache whose every layer is broadcast to ``batch_size`` rows.
+
+    The prefix runs without activation checkpointing (one row: its activations are small), since the cache it fills
+    grows as it runs.
+    """
     ids = torch.tensor([list(prefix_ids)], dtype=torch.long)
-    _, cache = forward(model, input_ids=ids, use_cache=True, logits_to_keep=1)
+    with paused():
+        _, cache = forward(model, input_ids=ids, use_cache=True, logits_to_keep=1)
     data = []
     for layer in cache.layers:
         data.append((layer.keys.expand(batch_size, -1, -1, -1), layer.values.expand(batch_size, -1, -1, -1)))
-    return DynamicCache(ddp_cache_data=data, config=model.config)
+    return PrefixCache(ddp_cache_data=data, config=model.config)
 
 
 def round_up(n: int, m: int) -> int:

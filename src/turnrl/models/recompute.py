@@ -1,0 +1,61 @@
+"""Activation checkpointing (``train.activation_checkpointing``): each decoder layer keeps only its input for the
+backward pass and runs its forward again there, trading one more forward per layer for most of the activation memory.
+
+The learner's update holds, for every layer and every position of a micro-batch, the activations its backward needs
+(attention and MLP intermediates: on the default model about 30 layers x 2048 positions x several 576- and
+1536-wide rows). With checkpointing a layer saves only its input hidden state; its backward recomputes the forward
+(``torch.utils.checkpoint``, non-reentrant, under the same autocast state), so the gradient is the same computation
+run twice: equal to the plain one up to floating-point noise (tests/test_recompute.py checks 1e-5).
+
+A layer that reads a KV cache must see the same cache when recomputed. HF attention *appends* to its cache
+(``DynamicLayer.update`` concatenates and stores), so a second run would see its own keys twice. The learner's
+caches are therefore :class:`~turnrl.models.prefix.PrefixCache`: once frozen (before the forward with autograd),
+``update`` returns the stored keys followed by the new ones without storing anything, and every run of a layer sees
+the same keys; the forward that fills a cache (the shared prefix) runs :func:`paused`. HF's own
+``gradient_checkpointing_enable`` cannot be used: it drops the cache argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from turnrl.models.freeze import decoder_layers
+
+_state = threading.local()  # paused(): per thread, as the async producer generates while the learner updates
+
+
+def checkpoint_layers(model) -> int:
+    """Run every decoder layer of ``model`` under activation checkpointing when autograd is on; returns how many.
+
+    The layers keep their modules and parameter names (checkpoints, weight sync and LoRA see no change); under
+    ``no_grad`` (the engine, evaluation, the reference policy) they run as before.
+    """
+    layers = decoder_layers(model, "train.activation_checkpointing", "false")
+    for layer in layers:
+        if not getattr(layer, "_turnrl_checkpointed", False):
+            layer.forward = functools.partial(_checkpointed, layer.forward)
+            layer._turnrl_checkpointed = True
+    return len(layers)
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Checkpointed layers run plainly inside this block (in this thread): for forwards that fill a growing cache."""
+    before = getattr(_state, "paused", False)
+    _state.paused = True
+    try:
+        yield
+    finally:
+        _state.paused = before
+
+
+def _checkpointed(forward, *args, **kwargs):
+    if not torch.is_grad_enabled() or getattr(_state, "paused", False):
+        return forward(*args, **kwargs)
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
