@@ -134,7 +134,7 @@ def main() -> int:
     table = {"random": rows["random"], "rule": rows["rule"], "base": fields["runs"]["sync"]["start"],
              "sync": fields["runs"]["sync"]["final"], "async": fields["runs"]["async"]["final"], "oracle": rows["oracle"]}
     fields |= {"baselines": {k: v["success"] for k, v in table.items() if v}, "ci95": {k: v["ci95"] for k, v in table.items() if v},
-               "budget": "smoke" if args.smoke else "full", "seconds": time.perf_counter() - t0}
+               "budget": "smoke" if args.smoke else f"{args.steps} steps" if args.steps else "full", "seconds": time.perf_counter() - t0}
     text = report(args, fields, table)
     print(text)
     if not args.no_write:
