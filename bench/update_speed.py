@@ -28,6 +28,7 @@ arms.
     python bench/update_speed.py                 # every arm, 2 timed updates each; writes results/update_speed.json
     python bench/update_speed.py --smoke         # 1 task x 4 episodes, 1 timed update; results/update_speed_smoke.json
     python bench/update_speed.py --arms full lora [--updates N] [--threads T] [--no-write] [key=value overrides ...]
+                                                 # a subset of arms writes results/update_speed_<arms>.json
 
 Targets: LoRA >= 1.5x the update speed of full fine-tuning at <= 0.6x its peak memory (issue 19); the new default
 <= 0.5x the old one's time to the learning bar (issue 22, measured by bench/learn_default.py, not here).
@@ -140,6 +141,12 @@ def cosines(exact_file: Path, arm_file: Path) -> dict[str, float]:
     return {"cosine_all": dot / (norm_exact * norm_arm), "cosine_trained": dot / (norm_trained * norm_arm)}
 
 
+def _result_name(smoke: bool, arms: list[str]) -> str:
+    """``update_speed`` for every arm; a subset writes its own file (``update_speed_recompute``), keeping the full one."""
+    name = "update_speed" if set(arms) == set(ARMS) else "_".join(["update_speed", *arms[1:]])
+    return name + "_smoke" if smoke else name
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="a small batch and one timed update per arm")
@@ -205,7 +212,7 @@ def main() -> int:
     ])
     print("\n" + report)
     if not args.no_write:
-        print(f"wrote {write_result('update_speed_smoke' if args.smoke else 'update_speed', fields)}")
+        print(f"wrote {write_result(_result_name(args.smoke, arms), fields)}")
     return 0
 
 
