@@ -16,7 +16,8 @@ from tests.test_speed_options import _grads, _params
 from turnrl.learner.learner import response_hidden, response_logits
 from turnrl.learner.samples import collate
 from turnrl.models.freeze import FreezeError, decoder_layers
-from turnrl.models.recompute import checkpoint_layers
+from turnrl.models import recompute
+from turnrl.models.recompute import checkpoint_layers, is_checkpointed, wanted
 
 
 @pytest.mark.parametrize("prompt_grad", ["true", "false"])
@@ -25,7 +26,8 @@ def test_checkpointed_layers_give_the_plain_gradient(tiny_model, prompt_grad, pr
     samples = _samples(n=6, prefix_len=prefix_len)
     plain = _grads(copy.deepcopy(tiny_model), samples, _params(prompt_grad=prompt_grad))
     model = copy.deepcopy(tiny_model)
-    assert checkpoint_layers(model) == len(decoder_layers(model))
+    assert not is_checkpointed(model)
+    assert checkpoint_layers(model) == len(decoder_layers(model)) and is_checkpointed(model)
     recomputed = _grads(model, samples, _params(prompt_grad=prompt_grad))
     assert plain.keys() == recomputed.keys()
     for name in plain:
@@ -82,4 +84,20 @@ def test_training_run_with_activation_checkpointing(tmp_path, tokenizer):
                       "recompute", steps=2)
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
-    assert all(getattr(layer, "_turnrl_checkpointed", False) for layer in decoder_layers(c.model))
+    assert is_checkpointed(c.model)
+
+
+def test_auto_turns_checkpointing_on_below_16_gb_of_memory_only(tiny_model, monkeypatch):
+    assert wanted(True, tiny_model) and not wanted(False, tiny_model)
+    monkeypatch.setattr(recompute, "memory_gb", lambda: 7.6)  # an 8 GB laptop
+    assert wanted("auto", tiny_model)
+    assert not wanted("auto", torch.nn.Linear(2, 2))  # auto skips a model without decoder layers; true would refuse it
+    monkeypatch.setattr(recompute, "memory_gb", lambda: 24.0)
+    assert not wanted("auto", tiny_model)
+
+
+def test_memory_gb_is_this_machines_memory():
+    import os
+
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    assert 0 < recompute.memory_gb() <= ram

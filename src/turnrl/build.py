@@ -39,7 +39,7 @@ from turnrl.envs import Env, make
 from turnrl.learner import Critic, CriticParams, Learner, LearnerParams, build_samples
 from turnrl.models import frozen_copy, load_model, load_tokenizer
 from turnrl.models.freeze import freeze_lower_layers
-from turnrl.models.recompute import checkpoint_layers
+from turnrl.models.recompute import checkpoint_layers, is_checkpointed, wanted as recompute_wanted
 from turnrl.models.lora import LoraError, add_lora, is_lora, load_lora, split_adapter_path, trainable_parameters
 from turnrl.monitor.card import write_model_card
 from turnrl.envs.multiagent import MultiAgentEnv
@@ -100,7 +100,7 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
         collector, eval_collector = _ray_collectors(cfg, model, tokenizer, engine, eval_envs is not None)
     critic = Critic(model, CriticParams.from_config(cfg), tokenizer.pad_token_id) if cfg.algo.critic != "none" else None
     freeze_lower_layers(model, cfg.train.freeze_layers)  # after the separate critic's copy, before the optimizer
-    if cfg.train.activation_checkpointing:
+    if recompute_wanted(cfg.train.activation_checkpointing, model):
         checkpoint_layers(model)
     learner = _learner(cfg, model, tokenizer.pad_token_id, ref, critic)
     a = cfg.algo
@@ -143,6 +143,8 @@ def describe(c: Components) -> dict[str, str]:
         model += f" ({type(c.model).__name__}, {size:.1f}M parameters, {cfg.model.dtype})"
         if is_lora(c.model):
             model += f", LoRA: {trainable_parameters(c.model) / 1e6:.2f}M trained"
+        if is_checkpointed(c.model):
+            model += ", activation checkpointing"
     held = f"{len(c.tasks.eval_tasks)} distinct tasks"
     if len(c.tasks.eval_tasks) < cfg.eval.num_tasks:
         held += f", fewer than the {cfg.eval.num_tasks} asked: the env has few distinct tasks"

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -28,6 +30,39 @@ from torch.utils.checkpoint import checkpoint
 from turnrl.models.freeze import decoder_layers
 
 _state = threading.local()  # paused(): per thread, as the async producer generates while the learner updates
+
+
+AUTO_BELOW_GB = 16.0  # train.activation_checkpointing=auto turns it on below this much memory
+
+
+def wanted(setting: bool | str, model) -> bool:
+    """Whether ``train.activation_checkpointing`` (true, false or "auto") asks to checkpoint ``model`` on this machine.
+
+    "auto" skips a model whose decoder layers turnrl cannot find (true refuses it, naming the fix).
+    """
+    if setting != "auto":
+        return setting is True
+    try:
+        decoder_layers(model)
+    except ValueError:
+        return False
+    return memory_gb() < AUTO_BELOW_GB
+
+
+def memory_gb() -> float:
+    """The memory this process may use: the machine's RAM, or its cgroup's limit (a container) when lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    with contextlib.suppress(OSError, ValueError):
+        total = min(total, int(Path("/sys/fs/cgroup/memory.max").read_text().strip()))  # "max" when unlimited
+    return total / 1e9
+
+
+def is_checkpointed(model) -> bool:
+    """Whether :func:`checkpoint_layers` was applied to ``model``."""
+    try:
+        return all(getattr(layer, "_turnrl_checkpointed", False) for layer in decoder_layers(model))
+    except ValueError:
+        return False
 
 
 def checkpoint_layers(model) -> int:
