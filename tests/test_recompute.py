@@ -101,3 +101,21 @@ def test_memory_gb_is_this_machines_memory():
 
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     assert 0 < recompute.memory_gb() <= ram
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copies_of_a_checkpointed_model_stay_checkpointed_and_exact(tiny_model, how):
+    import pickle
+
+    samples = _samples(n=4, prefix_len=16)
+    plain = _grads(copy.deepcopy(tiny_model), samples, _params())
+    model = copy.deepcopy(tiny_model)
+    checkpoint_layers(model)
+    twin = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))  # learner ranks get a pickle
+    assert is_checkpointed(twin)
+    assert all(layer.forward.layer is layer for layer in decoder_layers(twin))  # bound to the copy, not the original
+    batch = collate(samples, pad_id=0, min_shared_prefix=4)
+    assert _saved_bytes(twin, batch) < 0.3 * _saved_bytes(copy.deepcopy(tiny_model), batch)
+    recomputed = _grads(twin, samples, _params())
+    for name in plain:
+        assert torch.allclose(plain[name], recomputed[name], atol=1e-6, rtol=1e-5), name

@@ -73,9 +73,8 @@ def checkpoint_layers(model) -> int:
     """
     layers = decoder_layers(model, "train.activation_checkpointing", "false")
     for layer in layers:
-        if not getattr(layer, "_turnrl_checkpointed", False):
-            layer.forward = functools.partial(_checkpointed, layer.forward)
-            layer._turnrl_checkpointed = True
+        layer.forward = _Checkpointed(layer)  # wraps the class's forward, so a second call wraps nothing twice
+        layer._turnrl_checkpointed = True
     return len(layers)
 
 
@@ -90,7 +89,18 @@ def paused() -> Iterator[None]:
         _state.paused = before
 
 
-def _checkpointed(forward, *args, **kwargs):
-    if not torch.is_grad_enabled() or getattr(_state, "paused", False):
-        return forward(*args, **kwargs)
-    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+class _Checkpointed:
+    """A layer's own (class) forward, run under ``checkpoint`` when autograd is on and not :func:`paused`.
+
+    An object rather than a closure so that copies and pickles of the model (learner ranks get a pickle) stay
+    checkpointed, each bound to its own layer.
+    """
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        self.layer = layer
+
+    def __call__(self, *args, **kwargs):
+        forward = functools.partial(type(self.layer).forward, self.layer)
+        if not torch.is_grad_enabled() or getattr(_state, "paused", False):
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
