@@ -76,6 +76,13 @@ def test_workers_give_the_in_process_trajectories(local_and_ray):
     assert stats.env_s > 0
 
 
+def test_each_worker_engine_takes_its_share_of_the_cores(local_and_ray):
+    pool = local_and_ray[1].collector.pool
+    assert pool.threads == 1  # ray.init(num_cpus=2), 2 workers: oversubscribed threads spin against each other
+    threads = ray.get([w.__ray_call__.remote(lambda worker: torch.get_num_threads()) for w in pool.workers])
+    assert threads == [1, 1]
+
+
 def test_new_weights_reach_every_worker_with_their_version(local_and_ray):
     local, remote = local_and_ray
     before = _collect(remote)

@@ -85,10 +85,14 @@ class WorkerPool:
         self._actor = ray.remote(RolloutWorker)
         self._model = ray.put(model)  # the model as built; a replacement worker starts from it, then loads _weights
         self._weights: ray.ObjectRef | None = None
+        # each worker's engine gets its share of the cluster's cores: torch threads past them spin against each other
+        # (2 workers with 2 threads each on 2 cores collected at 0.24x one worker's rate, bench/RESULTS.md 2026-12-04)
+        self.threads = cfg.train.threads or max(1, int(ray.cluster_resources().get("CPU", 1)) // workers)
         self.workers = [self._spawn(i) for i in range(workers)]
 
     def _spawn(self, index: int):
-        cfg = self.cfg.model_copy(update={"train": self.cfg.train.model_copy(update={"seed": (self.cfg.train.seed + index) % 2**32})})
+        train = {"seed": (self.cfg.train.seed + index) % 2**32, "threads": self.threads}
+        cfg = self.cfg.model_copy(update={"train": self.cfg.train.model_copy(update=train)})
         actor = self._actor.remote(cfg, self._model, self.tokenizer, self.make_parts)
         if self._weights is not None:  # actor calls run in order: its first chunk sees these weights
             actor.load_weights.remote(self._weights, self.version)
