@@ -28,11 +28,16 @@ maps (random move; Down if the hint says frozen, else Right; the shortest path),
     python bench/multiagent.py --smoke     # end-to-end check: 1 step per arm, 1 task x 2 episodes, 4 eval tasks
     python bench/multiagent.py             # full budget: 30 steps per arm, 4 tasks x 8 episodes, 32 eval tasks
     python bench/multiagent.py --arms hier # one measurement; the result file keeps the others' fields
+    python bench/multiagent.py --smoke --arms per_role  # shared model vs a policy per role (relay-v0)
+
+A fourth measurement, only when asked (``--arms per_role``): relay-v0 trained with one shared model for both roles and
+with a policy per role (``multiagent.policies=per_role``, docs/multiagent.md), the same estimator (counterfactual),
+budget and tasks, beside the same baselines; with each arm's parameter count and mean seconds per training step.
 
 merges into ``bench/results/multiagent.json`` (``machine.merge_result``: each field's command, date and commit under
 ``sources``) ``coop_per_agent``, ``coop_shared``, ``distinct_eval_tasks``, ``selfplay_winrate``, ``selfplay_ci95``,
-``hier_steps_ratio``, plus every row. Run directories go to a temporary directory that is deleted (no checkpoints
-are kept).
+``hier_steps_ratio`` (and ``policies_shared``, ``policies_per_role`` with ``--arms per_role``), plus every row. Run
+directories go to a temporary directory that is deleted (no checkpoints are kept).
 """
 
 from __future__ import annotations
@@ -150,7 +155,7 @@ def trained(cfg: Config) -> tuple[dict[str, Any], dict[str, Any], list[dict[str,
     run = train(cfg, components=c)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/success_rate" in r]
-    print(f"  trained {cfg.env.id} {cfg.algo.estimator}{' self-play' if cfg.multiagent.selfplay else ''} in "
+    print(f"  trained {cfg.env.id} {cfg.algo.estimator} {cfg.multiagent.policies}{' self-play' if cfg.multiagent.selfplay else ''} in "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     return row(evals[0]), row(evals[-1]), rows, c
 
@@ -245,15 +250,38 @@ def hier_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: rando
     return {"hier_steps_ratio": ratio, "hier": hier}
 
 
-ARMS = {"coop": coop_arm, "selfplay": selfplay_arm, "hier": hier_arm}
+def per_role_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """relay-v0: one shared model for both roles vs a policy per role, the same counterfactual credit, budget and tasks,
+    beside the baselines; with each arm's parameters (millions) and mean seconds per step (rollout + update)."""
+    arms: dict[str, Any] = {}
+    c = None
+    for policies in ("shared", "per_role"):
+        c = None  # one run's models, optimizers and engines in memory at a time
+        gc.collect()
+        cfg = config("relay-v0", budget, tmp, {"algo": {"estimator": "counterfactual"}, "multiagent": {"policies": policies}, **extra})
+        arms["base"], arms[policies], rows, c = trained(cfg)
+        steps = [r for r in rows if "perf/train_s" in r]
+        arms[policies] |= {"parameters_m": sum(p.numel() for p in c.model.parameters()) / 1e6,
+                           "step_s": sum(r["perf/rollout_s"] + r["perf/train_s"] for r in steps) / len(steps)}
+    arms.update(baselines(c, relay_policies(rng), against_base=False))
+    print(f"\nrelay-v0, team success on {arms['base']['distinct_tasks']} held-out tasks, shared model vs per-role ({budget}):")
+    for name in ("random", "rule", "base", "shared", "per_role", "oracle"):
+        more = f"  {arms[name]['parameters_m']:.1f}M parameters, {arms[name]['step_s']:.1f} s/step" if "step_s" in arms[name] else ""
+        print(f"  {name:10s} {cell(arms[name])}{more}")
+    return {"policies_shared": arms["shared"]["success"], "policies_per_role": arms["per_role"]["success"], "policies": arms}
+
+
+ARMS = {"coop": coop_arm, "selfplay": selfplay_arm, "hier": hier_arm, "per_role": per_role_arm}
+DEFAULT_ARMS = ["coop", "selfplay", "hier"]  # the issue's three measurements
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="the reduced budget (an end-to-end check, not a measurement)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
-                        help="which measurements to run; the others' fields in the result file are kept")
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=DEFAULT_ARMS,
+                        help="which measurements to run (default: coop selfplay hier); the others' fields in the result "
+                        "file are kept")
     args = parser.parse_args()
     budget = BUDGETS["smoke" if args.smoke else "full"]
     rng = random.Random(0)

@@ -2,6 +2,8 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Ray's raylet waits this long for its metrics agent; the 30 s default ran out on a loaded 2-core machine
+os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
 
 import pytest
 import torch

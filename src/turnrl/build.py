@@ -37,6 +37,7 @@ from turnrl.engines.serve import EngineGate, RolloutServer
 from turnrl.engines.sessions import SessionStore
 from turnrl.envs import Env, make
 from turnrl.learner import Critic, CriticParams, Learner, LearnerParams, build_samples
+from turnrl.learner.roles import role_policies
 from turnrl.models import frozen_copy, load_model, load_tokenizer
 from turnrl.models.freeze import freeze_lower_layers
 from turnrl.models.recompute import checkpoint_layers, is_checkpointed, wanted as recompute_wanted
@@ -84,6 +85,8 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
     experience, skills = agent_libraries(cfg)
     curriculum = Curriculum.from_config(cfg)
     envs, eval_envs = env_factories(cfg, experience, skills, curriculum)
+    if cfg.scale.env_actors:  # the envs run in Ray actors, the collectors hold proxies (turnrl.scale.envpool)
+        envs, eval_envs = _env_pool(cfg, envs, eval_envs)
     base, adapter = _split_model_path(cfg.model.path)  # an adapter (a LoRA checkpoint): its base model, then it
     with quiet_transformers():
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(base)
@@ -93,16 +96,19 @@ def build(cfg: Config, model=None, tokenizer=None) -> Components:
             model = with_lora(cfg, model, adapter)
     # LoRA: the reference is the policy with its adapters disabled (learner.py), not a copy
     ref = (model if is_lora(model) else frozen_copy(model)) if cfg.model.reference else None
-    engine = _engine(cfg, model, tokenizer)
+    roles = role_policies(cfg, envs, eval_envs, model, ref, lambda m: _engine(cfg, m, tokenizer), tokenizer.pad_token_id)
+    # per_role: the run's model and engine are every role's (turnrl.learner.roles)
+    model, engine = (roles.models, roles.engines) if roles else (model, _engine(cfg, model, tokenizer))
     selfplay = _selfplay(cfg, model, tokenizer, envs)
     collector, eval_collector = _collectors(cfg, engine, tokenizer, envs, eval_envs, selfplay)
     if cfg.scale.workers:  # rollouts on Ray actors that build what rollout_parts builds here (turnrl.scale.workers)
         collector, eval_collector = _ray_collectors(cfg, model, tokenizer, engine, eval_envs is not None)
     critic = Critic(model, CriticParams.from_config(cfg), tokenizer.pad_token_id) if cfg.algo.critic != "none" else None
-    freeze_lower_layers(model, cfg.train.freeze_layers)  # after the separate critic's copy, before the optimizer
-    if recompute_wanted(cfg.train.activation_checkpointing, model):
-        checkpoint_layers(model)
-    learner = _learner(cfg, model, tokenizer.pad_token_id, ref, critic)
+    if roles is None:  # per-role policies froze and checkpointed each role's model before its optimizer
+        freeze_lower_layers(model, cfg.train.freeze_layers)  # after the separate critic's copy, before the optimizer
+        if recompute_wanted(cfg.train.activation_checkpointing, model):
+            checkpoint_layers(model)
+    learner = roles.learner if roles else _learner(cfg, model, tokenizer.pad_token_id, ref, critic)
     a = cfg.algo
     shaper = None
     if a.kl_in_reward > 0 or a.reward_norm == "running":
@@ -123,6 +129,8 @@ def build_for_eval(cfg: Config, engine_kind: str, **engine_options: Any) -> Comp
     The tokenizer comes from ``model.path`` and must be the served model's (``docs/engines.md``).
     """
     envs, eval_envs = env_factories(cfg)  # fail before contacting a server or loading vLLM
+    if cfg.scale.env_actors:
+        envs, eval_envs = _env_pool(cfg, envs, eval_envs)
     with quiet_transformers():
         tokenizer = load_tokenizer(cfg.model.path)
     try:
@@ -464,6 +472,14 @@ def _ray_collectors(cfg: Config, model, tokenizer, engine: Engine, has_eval: boo
     except ImportError as e:  # ray is an optional extra
         raise ConfigError(f"scale.workers={cfg.scale.workers}: {e}") from None
     return ray_collectors(cfg, model, tokenizer, engine, rollout_parts, has_eval)
+
+
+def _env_pool(cfg: Config, envs, eval_envs) -> tuple[Callable[[], Env], Callable[[], Env] | None]:
+    try:
+        from turnrl.scale.envpool import pooled_factories
+    except ImportError as e:  # ray is an optional extra
+        raise ConfigError(f"scale.env_actors={cfg.scale.env_actors}: {e}") from None
+    return pooled_factories(cfg, envs, eval_envs)
 
 
 def rollout_server(cfg: Config, engine: Engine, tokenizer, gate: EngineGate) -> RolloutServer:

@@ -5,6 +5,8 @@ A checkpoint is a directory ``RUN/checkpoints/step_NNNNNN`` holding:
 - ``model/``: the policy as a Hugging Face directory (``save_pretrained`` + tokenizer), loadable on its
   own by ``turnrl eval model.path=...``; on a LoRA run only the adapter, in peft's layout
   (``adapter_config.json`` naming the base model, ``adapter_model.safetensors``), which ``model.path=`` also takes;
+  with per-role policies (``multiagent.policies=per_role``) the first role's, and ``roles/<role>/`` each other role's
+  (:func:`model_dirs`);
 - ``state.pt``: step, optimizer and LR-scheduler state, the engine's sampling RNG and weight version, the
   monitor's detector windows and rollback counter, the torch / Python / NumPy RNG states. The data cursor is
   the step itself (task seeds are a pure function of the step), so nothing else is needed to resume
@@ -87,11 +89,12 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
     tmp = root / f".tmp_step_{step:06d}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    if lora.is_lora(model):
-        lora.save_adapter(model, tmp / "model")
-    else:
-        model.save_pretrained(tmp / "model", safe_serialization=True)
-    tokenizer.save_pretrained(tmp / "model")
+    for directory, module in model_dirs(model):
+        if lora.is_lora(module):
+            lora.save_adapter(module, tmp / directory)
+        else:
+            module.save_pretrained(tmp / directory, safe_serialization=True)
+        tokenizer.save_pretrained(tmp / directory)
     torch.save({"step": step, **state, "rng": rng_state()}, tmp / STATE)
     if final.exists():
         shutil.rmtree(final)
@@ -177,16 +180,30 @@ def load_state(ckpt: Path) -> dict[str, Any]:
     return state
 
 
+def model_dirs(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """Where a checkpoint keeps ``model``: ``[("model", model)]``; for per-role policies (a ``ModuleDict`` by role,
+    ``multiagent.policies=per_role``) the first role's in ``model/`` (so ``model.path=`` and ``turnrl serve`` take it
+    like any other) and every other role's in ``roles/<role>/``, each a model directory of its own."""
+    if not isinstance(model, torch.nn.ModuleDict):
+        return [("model", model)]
+    return [("model" if i == 0 else f"roles/{role}", module) for i, (role, module) in enumerate(model.items())]
+
+
 def load_weights(ckpt: Path, model: torch.nn.Module) -> None:
     """Load ``model/model.safetensors`` into ``model`` (``model/adapter_model.safetensors`` into a LoRA model's
-    adapters); every tensor must be there and nothing else.
+    adapters; per-role policies' from each of :func:`model_dirs`); every tensor must be there and nothing else.
 
     Raises :class:`CheckpointError` naming the file and the missing or unexpected tensors, or the damage.
     """
+    for directory, module in model_dirs(model):
+        _load_module_weights(Path(ckpt) / directory, module)
+
+
+def _load_module_weights(directory: Path, model: torch.nn.Module) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import load_model
 
-    path = Path(ckpt) / (ADAPTER if lora.is_lora(model) else WEIGHTS)
+    path = directory / (lora.ADAPTER_WEIGHTS if lora.is_lora(model) else WEIGHTS.name)
     if not path.is_file():
         raise CheckpointError(f"{path}: missing")
     try:

@@ -50,6 +50,7 @@ from turnrl.learner import ValueBatch, build_samples
 from turnrl.monitor.metrics import credit_metrics, eval_metrics, rollout_metrics, step_metrics
 from turnrl.monitor.monitor import Monitor
 from turnrl.rollout import RolloutStats
+from turnrl.rollout.multiagent import role_metrics
 from turnrl.scale.async_rollout import collection, staleness_metrics
 from turnrl.types import Advantages, TrainSample, TrajectoryGroup
 
@@ -102,7 +103,7 @@ def train(cfg: Config, resume: Path | None = None, components: Components | None
                 raise monitor.diverged(done, metrics, broken)
             c.engine.sync_weights()
 
-            metrics.update(rollout_metrics(collected))
+            metrics.update(rollout_metrics(collected) | role_metrics(collected, "rollout"))
             metrics["rollout/train_groups"] = float(len(groups))
             metrics["rollout/collected_groups"] = float(len(collected))
             if c.curriculum is not None:  # the level of the next step's tasks moves with their success (docs/curriculum.md)
@@ -169,7 +170,7 @@ def evaluate(c: Components, seeds: list[int] | None = None) -> dict[str, float]:
     t0 = time.perf_counter()
     collector = c.eval_collector or c.collector
     groups = collector.collect(seeds, 1, sampling_params(cfg, greedy=cfg.eval.greedy), env_id=cfg.eval.env_id or cfg.env.id)
-    return eval_metrics(groups, time.perf_counter() - t0)
+    return eval_metrics(groups, time.perf_counter() - t0) | role_metrics(groups, "eval")
 
 
 # ---------------------------------------------------------------------------------------------- credit

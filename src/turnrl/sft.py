@@ -177,6 +177,8 @@ def sft(cfg: Config, components: Components | None = None, run_dir: Path | None 
     Writes ``RUN/demos.jsonl`` (what it trained on), ``RUN/metrics.jsonl`` (``train/demo_nll`` every step, ``eval/*``
     every ``eval.every`` steps and at the end) and ``RUN/checkpoints/step_N``.
     """
+    if cfg.multiagent.policies != "shared":
+        raise ConfigError("turnrl sft trains one policy on demonstrations, not one per role: set multiagent.policies=shared")
     c = components or build(cfg)
     demos, source = load_demos(c)
     if not demos:

@@ -128,6 +128,7 @@ class TrainSample:
     traj_index: int = 0  # index into the batch's trajectory list
     turn_index: int = -1  # -1 for a whole-conversation sample (``full``), else the turn it covers
     policy_versions: list[int] = field(default_factory=list)  # per token: the version that sampled it (Turn.version)
+    agent: str | None = None  # multi-agent envs: the role whose turns these are (Trajectory.agent); per-role policies route on it
 
     def __len__(self) -> int:
         return len(self.input_ids)

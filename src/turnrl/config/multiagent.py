@@ -6,12 +6,19 @@ Which credit each agent gets is ``algo.estimator``: any estimator is per-agent (
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from turnrl.config.section import Section
 
 
 class MultiAgentConfig(Section):
+    policies: Literal["shared", "per_role"] = Field(
+        "shared", description="shared: one model plays every role, told apart by its role prompt; per_role: each role has "
+        "its own copy of the weights, its own engine and its own optimizer, trained only on that role's turns "
+        "(docs/multiagent.md, 'Per-role policies')"
+    )
     selfplay: bool = Field(
         False, description="competitive envs: the learner plays one role per task (by seed) against a pool of its frozen "
         "past versions; evaluation plays against the base model, so eval/success is the win rate against it"

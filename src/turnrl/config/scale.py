@@ -12,6 +12,11 @@ class ScaleConfig(Section):
         0, ge=0, description="rollout workers as Ray actors, each with its own envs and engine (pip install "
         "'turnrl[scale]'); 0 = collect in the training process"
     )
+    env_actors: int = Field(
+        0, ge=0, description="Ray actors hosting the envs (turnrl.scale.envpool): env steps run outside the training "
+        "process, each new env on the actor with the fewest; env.step_timeout_s bounds each call; 0 = envs in the "
+        "training process"
+    )
     learner_ranks: int = Field(
         1, ge=1, description="data-parallel learner ranks (torch.distributed on gloo, one gradient all-reduce), each taking a contiguous share "
         "of the micro-batches; 1 = update in the training process"

@@ -24,7 +24,8 @@ def build_samples(trajectories: Sequence[Trajectory], advantages: Advantages) ->
 
     Each response token gets its advantage from ``advantages`` (:meth:`Advantages.token_values`: the turn's
     value on every token, or the token-level estimators' own per-token values) and the policy version of its turn
-    (``Turn.version``). Trajectories that ended in an env error are not trained on.
+    (``Turn.version``) and its trajectory's role (``agent``: per-role policies route on it). Trajectories that ended
+    in an env error are not trained on.
     """
     if len(advantages) != len(trajectories):
         raise ValueError(f"{len(trajectories)} trajectories but advantages for {len(advantages)}")
@@ -44,7 +45,8 @@ def build_samples(trajectories: Sequence[Trajectory], advantages: Advantages) ->
                 advs += [0.0] * len(turn.prompt_ids) + advantages.token_values(i, j, n)
                 versions += [0] * len(turn.prompt_ids) + [turn.version] * n
             if any(mask):
-                samples.append(TrainSample(ids, mask, lps, advs, traj_index=i, turn_index=-1, policy_versions=versions))
+                samples.append(TrainSample(ids, mask, lps, advs, traj_index=i, turn_index=-1, policy_versions=versions,
+                                           agent=traj.agent))
             continue
         for j, turn in enumerate(traj.turns):
             n, p = len(turn.response_ids), len(turn.prompt_ids)
@@ -59,6 +61,7 @@ def build_samples(trajectories: Sequence[Trajectory], advantages: Advantages) ->
                     traj_index=i,
                     turn_index=j,
                     policy_versions=[0] * p + [turn.version] * n,
+                    agent=traj.agent,
                 )
             )
     return samples

@@ -41,10 +41,13 @@ import yaml
 #: Chart panels: (title, metric names or name prefixes ending in "/"). Panels with no data are left out.
 PANELS: list[tuple[str, list[str]]] = [
     ("Success rate", ["rollout/success_rate", "eval/success_rate", "eval/success_ci_low", "eval/success_ci_high"]),
+    ("Success rate per role (multi-agent)", ["rollout/success_rate/", "eval/success_rate/"]),
+    ("Return per role (multi-agent)", ["rollout/return/", "eval/return/"]),
     ("Episode reward", ["rollout/reward", "eval/reward"]),
     ("Reward components (rollout)", ["rollout/reward/"]),
     ("Valid actions", ["rollout/valid_action_rate", "eval/valid_action_rate"]),
     ("Train loss", ["train/loss"]),
+    ("Train loss per role (per-role policies)", ["train/loss/"]),
     ("KL", ["train/kl", "train/approx_kl"]),
     ("Entropy (nats/token)", ["train/entropy"]),
     ("Grad norm", ["train/grad_norm"]),

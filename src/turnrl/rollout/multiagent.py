@@ -1,6 +1,9 @@
 """The multi-agent collector: one shared model plays every role of a :class:`~turnrl.envs.multiagent.MultiAgentEnv`,
 each role in its own context, and each role's turns become its own :class:`~turnrl.types.Trajectory`.
 
+Per-role policies (``multiagent.policies=per_role``): when the collector's engine is a :class:`RoleEngines`, each
+role is played by its own engine (its own weights) instead; everything else below holds unchanged.
+
 Role prompts: a role's context is an :class:`~turnrl.agent.context.EpisodeContext` whose renderer has the role's
 system prompt (``env.role_instructions[role]``) and the role's few-shot examples, so the shared model knows which
 agent it is from its prompt alone. Token-in, token-out holds per role: a turn's ids are exactly what the engine
@@ -47,6 +50,44 @@ class Lineup(Protocol):
     def opponents(self, seed: int, roles: Sequence[str]) -> Mapping[str, Engine]: ...
 
 
+class RoleEngines:
+    """The engines of per-role policies, one per role, as the run's one engine: the multi-agent collector plays role
+    ``r`` with ``engines[r]``, and :meth:`sync_weights` / :meth:`state_dict` cover every one. It does not generate
+    itself. The engines are synced together, so they share one ``version``."""
+
+    def __init__(self, engines: Mapping[str, Engine]) -> None:
+        self.engines = dict(engines)
+
+    @property
+    def version(self) -> int:
+        return min(engine.version for engine in self.engines.values())
+
+    def sync_weights(self) -> None:
+        for engine in self.engines.values():
+            engine.sync_weights()
+
+    def state_dict(self) -> dict[str, dict]:
+        return {role: engine.state_dict() for role, engine in self.engines.items()}
+
+    def load_state_dict(self, state: Mapping[str, dict]) -> None:
+        for role, engine in self.engines.items():
+            engine.load_state_dict(state[role])
+
+
+def role_metrics(groups: Sequence[TrajectoryGroup], prefix: str) -> dict[str, float]:
+    """``<prefix>/success_rate/<role>`` and ``<prefix>/return/<role>`` (mean summed reward) over each role's
+    trajectories; empty when no trajectory has a role (a single-agent env)."""
+    by_role: dict[str, list[Trajectory]] = {}
+    for traj in (t for g in groups for t in g.trajectories):
+        if traj.agent is not None:
+            by_role.setdefault(traj.agent, []).append(traj)
+    out = {}
+    for role, trajs in by_role.items():
+        out[f"{prefix}/success_rate/{role}"] = sum(t.success for t in trajs) / len(trajs)
+        out[f"{prefix}/return/{role}"] = sum(t.total_reward for t in trajs) / len(trajs)
+    return out
+
+
 @dataclass
 class _Agent:
     """One role in one episode: who plays it, its trajectory (None: an opponent's, not recorded) and its context."""
@@ -72,11 +113,12 @@ class _Episode:
 class MultiAgentCollector(Collector):
     """Runs episodes of multi-agent envs built by ``env_factory`` (module docstring).
 
-    ``lineup`` gives roles of each task to other engines (self-play opponents); None: ``engine`` plays every role.
+    ``lineup`` gives roles of each task to other engines (self-play opponents); None: ``engine`` plays every role
+    (a :class:`RoleEngines`: each role's own engine plays it).
     """
 
-    def __init__(self, engine: Engine, tokenizer, env_factory: Callable[[], MultiAgentEnv], context: ContextSpec = ContextSpec(),
-                 *, step_timeout_s: float = 60.0, lineup: Lineup | None = None) -> None:
+    def __init__(self, engine: Engine | RoleEngines, tokenizer, env_factory: Callable[[], MultiAgentEnv],
+                 context: ContextSpec = ContextSpec(), *, step_timeout_s: float = 60.0, lineup: Lineup | None = None) -> None:
         super().__init__(engine, tokenizer, env_factory, context, step_timeout_s=step_timeout_s)  # type: ignore[arg-type]
         self.lineup = lineup
         self._renderers: dict[str, ChatRenderer] = {}
@@ -124,7 +166,8 @@ class MultiAgentCollector(Collector):
             if not isinstance(observations, dict) or set(observations) != set(env.roles):
                 raise EnvFault(f"reset returned {type(observations).__name__} observations, not one per role {list(env.roles)}")
             for role in env.roles:
-                ep.agents[role] = _Agent(self.role_renderer(env, role), opponents.get(role, self.engine), trajs.get(role),
+                engine = opponents[role] if role in opponents else self._engine_of(role)
+                ep.agents[role] = _Agent(self.role_renderer(env, role), engine, trajs.get(role),
                                          observation=_text(observations[role]))
             key = env.task_key()
         except Exception as e:  # noqa: BLE001 - an env fault or task_key failing ends only this episode
@@ -133,6 +176,10 @@ class MultiAgentCollector(Collector):
         for traj in trajs.values():
             traj.task_key = key
         return ep
+
+    def _engine_of(self, role: str) -> Engine:
+        """The engine that plays a recorded ``role``: its own under per-role policies, else the collector's."""
+        return self.engine.engines[role] if isinstance(self.engine, RoleEngines) else self.engine
 
     async def _joint_step(self, live: list[_Episode], sampling: SamplingParams) -> list[_Episode]:
         """One joint step of every live episode: batched generation per engine, then every env steps concurrently."""
