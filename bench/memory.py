@@ -18,6 +18,16 @@ its collector). Every success has its 95% Wilson interval over the distinct task
     python bench/memory.py                    # the config's budget (40 steps, 4 tasks x 8, 64 held-out tasks)
 
 writes ``bench/results/memory.json`` (``memory_smoke.json`` with ``--smoke``).
+
+``--base-only`` trains nothing: does the untrained model write memory actions at all? It runs the base model
+on the held-out tasks in three prompts (:data:`BASE_ARMS`): no memory actions, the memory actions with the
+env's own few-shot exchanges (``memory.few_shot=false``) and with the memory few-shot (docs/memory.md), and reports
+per episode the share that used a memory action at least once (each action, and any, with its interval over the
+distinct tasks), the valid-action rate and success, beside random, rule and oracle on the same tasks, for one
+greedy episode per task (as evaluated) and one sampled at the rollout temperature (as RL samples). It writes
+``bench/results/memory_base.json`` (``memory_base_smoke.json`` with ``--smoke``) and a dated bench/RESULTS.md section:
+
+    python bench/memory.py --base-only eval.num_tasks=32 train.threads=1
 """
 
 from __future__ import annotations
@@ -35,12 +45,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from baselines import POLICIES, cell, measure, summary  # noqa: E402
-from machine import write_result  # noqa: E402
+from machine import append_results, write_result  # noqa: E402
 
 ARMS: dict[str, list[str]] = {
     "truncation": ["memory.actions=[]"],
     "full_context": ["memory.actions=[]", "rollout.context=full"],
     "memory_actions": [],
+}
+BASE_ARMS: dict[str, list[str]] = {
+    "no_memory": ARMS["truncation"],
+    "memory_plain_few_shot": ["memory.few_shot=false"],
+    "memory_few_shot": [],
 }
 SMOKE = ["train.steps=1", "rollout.tasks_per_step=2", "rollout.group_size=2", "eval.num_tasks=4", "env.kwargs.rooms=2",
          "env.max_turns=5"]
@@ -72,12 +87,81 @@ def run_arm(config: Path, overrides: list[str], run_root: Path) -> dict[str, Any
             "memory_turn_rate_training": memory_turn_rate(run_dir), "seconds": time.perf_counter() - t0}
 
 
+def memory_use(groups: list) -> dict[str, Any]:
+    """Of the episodes in ``groups``: the share that used each memory action (and any) at least once, and the 95%
+    Wilson interval of "any" over the distinct tasks (each task counted once, at its episodes' mean)."""
+    from turnrl.agent.memory import ACTIONS
+    from turnrl.monitor.metrics import wilson_interval
+
+    episodes = [(t.task_key, {turn.info.get("memory") for turn in t.turns}) for g in groups for t in g.trajectories]
+    by_task: dict[Any, list[bool]] = {}
+    for key, used in episodes:
+        by_task.setdefault(key, []).append(bool(used - {None}))
+    lo, hi = wilson_interval(sum(sum(u) / len(u) for u in by_task.values()), len(by_task))
+    n = max(1, len(episodes))
+    return {"memory_use": sum(bool(u - {None}) for _, u in episodes) / n, "memory_use_ci95": [lo, hi],
+            **{f"{a}_use": sum(a in u for _, u in episodes) / n for a in ACTIONS}}
+
+
+def base_arm(config: Path, overrides: list[str], tokenizer) -> dict[str, Any]:
+    """The untrained model's held-out episodes under ``overrides``, greedy (as evaluated) and sampled at the rollout
+    temperature (as RL samples its training episodes): success, valid actions, memory use, prompt tokens."""
+    from turnrl.build import build, sampling_params
+    from turnrl.config import load_config
+    from turnrl.monitor.metrics import eval_metrics
+
+    cfg = load_config(config, overrides)
+    c = build(cfg, tokenizer=tokenizer)
+    collector = c.eval_collector or c.collector
+    seeds = [t.seed for t in c.tasks.eval_tasks]
+    rows = {}
+    for mode in ("greedy", "sampled"):
+        t0 = time.perf_counter()
+        groups = collector.collect(seeds, 1, sampling_params(cfg, greedy=mode == "greedy"), env_id=cfg.eval.env_id or cfg.env.id)
+        seconds = time.perf_counter() - t0
+        rows[mode] = {**summary(eval_metrics(groups, seconds)), **memory_use(groups), "seconds": seconds,
+                      "prompt_tokens_per_episode": collector.take_stats().prompt_tokens / max(1, len(groups))}
+    return rows
+
+
+def base_only(args: argparse.Namespace, common: list[str], baselines: dict[str, Any], tokenizer) -> None:
+    """``--base-only``: the base model in each of :data:`BASE_ARMS` beside the baselines; result file and RESULTS.md."""
+    from turnrl.config import load_config
+
+    cfg = load_config(args.config, common)
+    arms = {name: base_arm(args.config, [*common, *extra], tokenizer) for name, extra in BASE_ARMS.items()}
+    lines = [f"{cfg.env.id} ({cfg.env.kwargs or 'default rooms'}), budgeted context of {cfg.rollout.budget_tokens} "
+             f"tokens, base model {cfg.model.path} (untrained) on {baselines['oracle']['distinct_tasks']} distinct "
+             f"held-out tasks, one greedy and one sampled (temperature {cfg.rollout.temperature:g}) episode per task",
+             "", "| policy | decoding | success [95% CI] | valid actions | memory action used per episode [95% CI] | "
+             "note / recall / compress | prompt tokens / episode |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {name} | - | {cell(r)} | {r['valid']:.3f} | - | - | - |" for name, r in baselines.items()]
+    lines += [f"| base, {name} | {mode} | {cell(r)} | {r['valid']:.3f} | {r['memory_use']:.3f} "
+              f"[{r['memory_use_ci95'][0]:.2f}-{r['memory_use_ci95'][1]:.2f}] | {r['note_use']:.2f} / "
+              f"{r['recall_use']:.2f} / {r['compress_use']:.2f} | {r['prompt_tokens_per_episode']:.0f} |"
+              for name, rows in arms.items() for mode, r in rows.items()]
+    print("\n".join(lines))
+    path = write_result("memory_base_smoke" if args.smoke else "memory_base", {
+        "config": str(args.config), "overrides": args.overrides, "smoke": args.smoke, "env": cfg.env.id,
+        "budget_tokens": cfg.rollout.budget_tokens, "arms": {n: {"overrides": BASE_ARMS[n], **r} for n, r in arms.items()},
+        "baselines": baselines, "distinct_eval_tasks": baselines["oracle"]["distinct_tasks"]})
+    command = " ".join(["python bench/memory.py --base-only", *(["--smoke"] if args.smoke else []), *args.overrides])
+    smoke = " (smoke)" if args.smoke else ""
+    append_results("\n".join([f"### Memory actions of the untrained model, with and without the memory few-shot{smoke} — "
+                               f"{time.strftime('%Y-%m-%d %H:%M')}", "", f"Command: `{command}`. Result: "
+                               f"`{path.relative_to(ROOT)}`.", "", *lines]))
+    print(f"wrote {path}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-c", "--config", type=Path, default=ROOT / "configs" / "memory.yaml")
     ap.add_argument("--smoke", action="store_true",
                     help="the reduced budget: 1 step, 2 tasks x 2 episodes, 4 held-out tasks, 2 rooms, 5 env turns")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--base-only", action="store_true",
+                    help="train nothing: the base model's memory-action use, valid actions and success, with and "
+                         "without the memory few-shot, beside the baselines (bench/results/memory_base.json)")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides for every arm, as for turnrl train")
     args = ap.parse_args()
 
@@ -90,6 +174,9 @@ def main() -> int:
     with quiet_transformers():
         tokenizer = load_tokenizer(cfg.model.path)
     baselines = measure(cfg, POLICIES, tokenizer)
+    if args.base_only:
+        base_only(args, common, baselines, tokenizer)
+        return 0
     run_root = Path(tempfile.mkdtemp(prefix="turnrl-memory-bench-"))
     try:
         arms = {name: run_arm(args.config, [*common, *ARMS[name]], run_root) for name in args.arms}

@@ -46,6 +46,12 @@ def test_a_wrong_colour_fails_a_blocked_passage_keeps_the_room_and_text_without_
     assert terminated and not info["success"] and reward == 0.0 and env.code in obs
 
 
+def test_the_example_note_is_what_the_examples_show_first_and_answer_last():
+    env = KeysAndDoors()
+    (first, _), *_, (door, code) = env.examples()
+    assert f"code colour is {code}." in first and "vault door" in door and env.example_note() == f"code {code}"
+
+
 def test_task_keys_separate_tasks_by_code_and_passages():
     keys = {}
     for seed in range(300):

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from turnrl.agent import ChatRenderer, ContextSpec, EpisodeContext
-from turnrl.agent.memory import MemoryActions
+from turnrl.agent.memory import BUDGET_LINE, MemoryActions
 from turnrl.build import with_memory
 from turnrl.config import Config, ConfigError
 from turnrl.engines.base import Completion, SamplingParams
@@ -88,6 +88,43 @@ def test_compress_needs_the_budgeted_context():
         ContextSpec(strategy="budgeted")
 
 
+class Demo(Recorder):
+    """A Recorder whose examples are one episode (start, then step 1) whose last response needs ``example_note()``."""
+
+    def examples(self):
+        return [("start", "walk"), ("step 1", "x")]
+
+    def example_note(self):
+        return "the answer is x"
+
+
+def test_the_memory_few_shot_shows_note_and_recall_with_the_replies_the_wrapper_gives():
+    env = MemoryActions(Demo(), budgeted=True)
+    demo = env.examples()
+    responses = [r for _, r in demo]
+    assert responses == ["note: the answer is x", "walk", "recall", "x"]
+    live = [env.reset(seed=0)[0]] + [env.step(r)[0] for r in responses[:-1]]  # the replies the few-shot shows, live
+    assert live == [o for o, _ in demo] == ["start", "Noted (1 notes).\nstart", "step 1", "Your notes: the answer is x.\nstep 1"]
+    assert BUDGET_LINE in env.instructions and BUDGET_LINE not in MemoryActions(Demo()).instructions
+    assert MemoryActions(Demo(), few_shot=False).examples() == Demo().examples()
+    assert [r for _, r in MemoryActions(Demo(), actions=("compress",)).examples()] == ["compress: the answer is x", "walk", "x"]
+    assert MemoryActions(Demo(), actions=("recall",)).examples() == Demo().examples()  # nothing kept, nothing to show
+
+
+def test_the_memory_few_shot_on_keys_and_on_an_env_without_a_note_and_in_the_prompt(tokenizer):
+    cfg = Config(memory={"actions": ["note", "recall", "compress"]}, rollout={"context": "budgeted", "budget_tokens": 448})
+    keys = with_memory(cfg, lambda: make("keys-v0"))()
+    assert [r for _, r in keys.examples()] == ["note: code green", "Right", "recall", "green"]
+    lake = with_memory(cfg, lambda: make("frozenlake-v0"))()  # no example_note: the first line, and no recall
+    own = make("frozenlake-v0").examples()
+    first = own[0][0].split("\n")[0]
+    assert lake.examples() == [(own[0][0], f"note: {first}"), (f"Noted (1 notes).\n{own[0][0]}", own[0][1]), *own[1:]]
+    renderer = ChatRenderer(tokenizer, keys.instructions, keys.examples())
+    assert "note: code green" in tokenizer.decode(renderer.per_step_prompt("room"))
+    assert "note:" not in tokenizer.decode(ChatRenderer(tokenizer, keys.instructions, keys.examples(), few_shot=False)
+                                           .per_step_prompt("room")).replace("note: TEXT", "")
+
+
 def _no_line(renderer, ctx):
     return len(renderer.per_step_prompt(ctx.observation, ctx._shown()))
 
@@ -155,6 +192,7 @@ def test_a_memory_episode_records_exactly_the_prompts_the_engine_was_given(token
 
     assert traj.success and traj.termination == Termination.TERMINATED and traj.num_turns == len(script)
     assert [t.prompt_ids for t in traj.turns] == engine.prompts  # exactly what the engine conditioned on
+    assert all("note: code green" in tokenizer.decode(p) for p in engine.prompts)  # the memory few-shot heads each one
     samples = build_samples([traj], Advantages([[1.0] * traj.num_turns]))  # one per turn, the notes' ids trained
     assert [s.input_ids for s in samples] == [t.prompt_ids + t.response_ids for t in traj.turns]
     assert all(sum(s.loss_mask) == len(t.response_ids) for s, t in zip(samples, traj.turns))

@@ -260,7 +260,8 @@ def with_memory(cfg: Config, factory: Callable[[], Env]) -> Callable[[], Env]:
         raise ConfigError(f"memory.actions has 'compress', which replaces earlier turns of a budgeted context; "
                           f"rollout.context={cfg.rollout.context!r} keeps them: set rollout.context=budgeted "
                           "(with rollout.budget_tokens) or drop compress from memory.actions")
-    return lambda: MemoryActions(factory(), tuple(m.actions), m.max_actions)
+    budgeted = cfg.rollout.context == "budgeted"
+    return lambda: MemoryActions(factory(), tuple(m.actions), m.max_actions, budgeted, m.few_shot)
 
 
 def _tried(env_id: str, kwargs: dict[str, Any], seed: int, what: str) -> Callable[[], Env]:

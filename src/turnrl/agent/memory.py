@@ -17,6 +17,9 @@ feedback. At most ``max_actions`` memory turns per episode are answered here; pa
 like any response (which will usually judge it invalid), so an episode stays bounded by ``max_turns +
 max_actions`` responses. The tokens of notes and summaries are the agent's response ids: they are trained like any
 other response, with the advantage of their turn.
+
+The few-shot exchanges (:meth:`MemoryActions.examples`) show a memory action in use, in the env's own exchanges and
+with the replies this wrapper gives: a model that has never seen ``note:`` in a prompt does not write it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,22 @@ _USAGE = {
 }
 
 
+BUDGET_LINE = ("Each observation ends with [context: L of B tokens left]: past B tokens your oldest turns are "
+               "dropped from your context.")
+
+
+def _answer(kind: str, body: str, notes: list[str]) -> tuple[str, bool]:
+    """The feedback to the memory action ``kind`` with text ``body``, and whether it was valid; a note joins ``notes``."""
+    if kind != "recall" and not body:
+        return f"Nothing to {kind}: answer {_USAGE[kind]}.", False
+    if kind == "note":
+        notes.append(body)
+        return f"Noted ({len(notes)} notes).", True
+    if kind == "recall":
+        return "Your notes: " + (" | ".join(notes) if notes else "none yet") + ".", True
+    return "Earlier turns replaced by your summary.", True
+
+
 class MemoryActions(Wrapper):
     """Answer the memory actions in ``actions`` (a subset of :data:`ACTIONS`) before the env sees them.
 
@@ -42,16 +61,19 @@ class MemoryActions(Wrapper):
         env: the env to wrap (``make``'s result: its wrappers stay inside).
         actions: the enabled action words; the instructions shown to the policy list exactly these.
         max_actions: memory turns answered per episode (>= 1).
+        budgeted: the policy's context is ``budgeted``: the instructions also say what its budget line means.
+        few_shot: the few-shot exchanges show a memory action in use (:meth:`examples`); False: the env's own.
     """
 
-    def __init__(self, env: Env, actions: tuple[str, ...] = ACTIONS, max_actions: int = 4) -> None:
+    def __init__(self, env: Env, actions: tuple[str, ...] = ACTIONS, max_actions: int = 4, budgeted: bool = False,
+                 few_shot: bool = True) -> None:
         unknown = [a for a in actions if a not in ACTIONS]
         if unknown or not actions:
             raise ValueError(f"memory actions {list(actions)} must be a non-empty subset of {list(ACTIONS)}")
         if max_actions < 1:
             raise ValueError(f"max_actions={max_actions} must be >= 1 (to disable memory actions, do not wrap)")
         super().__init__(env)
-        self.actions, self.max_actions = tuple(actions), max_actions
+        self.actions, self.max_actions, self.budgeted, self.few_shot = tuple(actions), max_actions, budgeted, few_shot
         self._pattern = re.compile(rf"^\s*({'|'.join(self.actions)})\b\s*:?\s*(.*)$", re.IGNORECASE | re.DOTALL)
         self.notes: list[str] = []
         self.used = 0
@@ -61,7 +83,39 @@ class MemoryActions(Wrapper):
     @property
     def instructions(self) -> str:  # type: ignore[override]
         usage = "; ".join(_USAGE[a] for a in self.actions)
-        return f"{self.env.instructions} Instead of an action you may answer {usage}."
+        budget = f" {BUDGET_LINE}" if self.budgeted else ""
+        return f"{self.env.instructions} Instead of an action you may answer {usage}.{budget}"
+
+    def examples(self) -> list[tuple[str, str]]:
+        """The env's few-shot exchanges with a memory action shown in use, each reply as this wrapper gives it.
+
+        The first observation is answered ``note: FACT`` (``compress: FACT`` when note is off), its reply (the
+        feedback, then the same observation) with the env's own response. FACT is the env's ``example_note()`` when it
+        has one: then its examples are one episode whose last response needs FACT, and (with recall on) the last
+        observation is first answered ``recall``. Without it FACT is the first observation's first line (at most 12
+        words) and nothing is recalled, since an env's examples may be separate tasks. Unchanged when ``few_shot`` is
+        off or neither note nor compress is on.
+        """
+        pairs = list(self.env.examples())
+        keep = next((a for a in ("note", "compress") if a in self.actions), None)
+        if not pairs or keep is None or not self.few_shot:
+            return pairs
+        hint = getattr(self.env, "example_note", None)
+        fact = hint() if hint else " ".join(pairs[0][0].strip().split("\n")[0].split()[:12])
+        if not fact:
+            return pairs
+        memory_turns: dict[int, list[str]] = {0: [f"{keep}: {fact}"]}
+        if hint and keep == "note" and "recall" in self.actions:
+            memory_turns.setdefault(len(pairs) - 1, []).append("recall")
+        notes: list[str] = []
+        shown = []
+        for i, (observation, response) in enumerate(pairs):
+            for action in memory_turns.get(i, []):
+                kind, body = self._parse(action)
+                shown.append((observation, action))
+                observation = f"{_answer(kind, body, notes)[0]}\n{observation}"
+            shown.append((observation, response))
+        return shown
 
     def on_reset(self, observation: str, info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         self.notes, self.used, self._observation, self._success = [], 0, observation, False
@@ -79,20 +133,16 @@ class MemoryActions(Wrapper):
 
     def _memory_turn(self, text: str) -> StepResult | None:
         """The reply to a memory action in ``text``; None when ``text`` is none (or the episode's are used up)."""
-        match = self._pattern.match(text)
-        if match is None or self.used >= self.max_actions:
+        parsed = self._parse(text)
+        if parsed is None or self.used >= self.max_actions:
             return None
         self.used += 1
-        kind, body = match.group(1).lower(), " ".join(match.group(2).split())
-        valid = kind == "recall" or bool(body)
-        if not valid:
-            feedback = f"Nothing to {kind}: answer {_USAGE[kind]}."
-        elif kind == "note":
-            self.notes.append(body)
-            feedback = f"Noted ({len(self.notes)} notes)."
-        elif kind == "recall":
-            feedback = "Your notes: " + (" | ".join(self.notes) if self.notes else "none yet") + "."
-        else:
-            feedback = "Earlier turns replaced by your summary."
+        kind, body = parsed
+        feedback, valid = _answer(kind, body, self.notes)
         info = {"memory": kind, "actions": [], "valid": valid, "success": self._success, "reward_components": {}}
         return f"{feedback}\n{self._observation}", 0.0, False, False, info
+
+    def _parse(self, text: str) -> tuple[str, str] | None:
+        """``(action word, its text with whitespace collapsed)`` when ``text`` starts with an enabled action, else None."""
+        match = self._pattern.match(text)
+        return None if match is None else (match.group(1).lower(), " ".join(match.group(2).split()))

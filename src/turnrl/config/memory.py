@@ -18,6 +18,9 @@ class MemoryConfig(Section):
         "turnrl.agent.memory before the env sees them: 'note: TEXT' (append to a scratchpad), 'recall' (show it), "
         "'compress: SUMMARY' (replaces the earlier turns; needs rollout.context=budgeted); empty = off"
     )
+    few_shot: bool = Field(True, description="the few-shot exchanges (with rollout.few_shot) show a memory action in "
+                           "use: the env's examples with 'note: FACT' at the first observation and 'recall' before the "
+                           "last (turnrl.agent.memory.MemoryActions.examples); false: the env's examples unchanged")
     max_actions: int = Field(4, ge=1, description="memory turns answered per episode; later ones go to the env as "
                                                   "ordinary responses (an episode has at most env.max_turns + this)")
 

@@ -9,9 +9,10 @@ the right colour terminates with success and outcome reward 1, a wrong one termi
 Every room has a description drawn from :data:`ROOM_TEXT` and ends with the question (``Which passage do you
 take, Left or Right?``: without it SmolLM2-135M-Instruct answers a colour in the rooms), so the history grows by
 about 55 tokens a turn (SmolLM2's tokenizer, with the chat template): with the default 6 rooms the whole episode
-(about 520 tokens with the instructions and examples) exceeds the 320-token budget of ``configs/memory.yaml``,
+(about 520 tokens with the instructions and examples) exceeds the 448-token budget of ``configs/memory.yaml``,
 so a context that drops the oldest turns loses the code before the door unless the agent kept it (``note``,
-``compress``: :mod:`turnrl.agent.memory`). A policy without memory guesses the colour: 1 in ``len(COLOURS)``.
+``compress``: :mod:`turnrl.agent.memory`, whose few-shot notes :meth:`KeysAndDoors.example_note`). A policy
+without memory guesses the colour: 1 in ``len(COLOURS)``.
 
 Randomness: ``reset(seed=s)`` draws the code, the open passages and the descriptions from ``random.Random(s)``.
 Task key: the code and the open passages (``blue:LRRLRL``): what decides the right actions; the descriptions are
@@ -36,6 +37,7 @@ ROOM_TEXT = (
     "Stacks of old books lean against a cabinet with an empty birdcage.",
     "A stone statue stands in the corner next to a pile of dry leaves.",
 )
+EXAMPLE_CODE = "green"  # the code of the few-shot vault (examples)
 INVALID_WALK = "Invalid action. Answer Left or Right."
 INVALID_DOOR = "Invalid action. Answer with the code colour: " + ", ".join(COLOURS) + "."
 
@@ -111,10 +113,15 @@ class KeysAndDoors(Env):
     def examples(self) -> list[tuple[str, str]]:
         """A walk through one room of a fixed vault (code green) and its door: not a task any seed draws."""
         demo = KeysAndDoors(rooms=1)
-        demo.code, demo.open, demo.texts = "green", ["Right"], [ROOM_TEXT[0]]
+        demo.code, demo.open, demo.texts = EXAMPLE_CODE, ["Right"], [ROOM_TEXT[0]]
         first = f"The vault door's code colour is {demo.code}. It will not be shown again.\n{demo.render()}"
         demo.room = 1
-        return [(first, "Right"), (demo.render(), "green")]
+        return [(first, "Right"), (demo.render(), EXAMPLE_CODE)]
+
+    def example_note(self) -> str:
+        """What a memory few-shot notes at the examples' first observation for their last response
+        (:meth:`turnrl.agent.memory.MemoryActions.examples`): ``"code green"``."""
+        return f"code {EXAMPLE_CODE}"
 
     def render(self) -> str:
         if self.room == self.rooms:
