@@ -8,6 +8,8 @@ the same held-out tasks (``build.TaskSplit``'s evaluation tasks: distinct by tas
 - ``base``: greedy evaluation of the untrained default model (the SFT run's step-0 evaluation, ``loop.evaluate``);
 - ``sft``: ``turnrl sft`` on oracle demonstrations of TRAINING tasks (``sft.demos=oracle``), then held-out eval;
 - ``sft_rl``: ``turnrl train`` started from the SFT checkpoint (``model.path=`` its model), then held-out eval;
+- ``demo_rl`` (``--demo-guided``): the same RL with the SFT demonstrations kept in the loss
+  (``algo.demo_coef``, docs/demos.md): demonstration-guided RL against SFT-then-plain-RL from the same checkpoint;
 
 each with its 95% Wilson interval over the distinct held-out tasks. The bench checks that held out means held out:
 no demonstration's task key (recomputed from its seed by a training env) and no RL training task is a held-out key;
@@ -17,10 +19,13 @@ Budget per env (``--minutes``, issue: 30): SFT runs ``--sft-steps`` steps (defau
 then RL gets the rest of the minutes (``train.max_minutes``, keeping the time of one evaluation for its last), so
 ``minutes`` in the record is the wall time the env used, set-up and every evaluation included. ``--smoke`` is a tiny
 end-to-end budget (a few demonstrations, 2 SFT steps, 1 RL step, 4 held-out tasks) to show the bench runs.
+With ``--demo-guided`` the RL minutes are split equally between the plain and the demonstration-guided arm, so both
+start from the same checkpoint with the same wall time and the env still fits ``--minutes``.
 
     python bench/agents.py --smoke                                   # all 7 envs -> bench/results/agents_smoke.json
     python bench/agents.py --minutes 30                              # the issue's budget, all envs (~3.5 h)
     python bench/agents.py --minutes 10 --envs frozenlake_raw countdown --eval-tasks 32
+    python bench/agents.py --minutes 30 --envs frozenlake_raw --demo-guided   # + demonstration-guided RL
 
 Each env's record goes to ``--out``/results.json as soon as it is done (``--resume`` skips envs already there); at
 the end the bench prints the table and the issue's targets (met / not met), writes
@@ -99,16 +104,17 @@ def run_sft(env: str, args, run_root: Path):
     return result
 
 
-def run_rl(env: str, args, run_root: Path, model_path: Path, minutes: float) -> tuple[dict[str, float], Path, int]:
-    """RL from the SFT checkpoint for ``minutes`` (0: the recipe's or smoke's steps): the last held-out evaluation, the
-    run directory and the number of distinct tasks RL trained on (none of them held out: checked)."""
+def run_rl(env: str, args, run_root: Path, model_path: Path, minutes: float,
+           extra: tuple[str, ...] = (), name: str = "rl") -> tuple[dict[str, float], Path, int]:
+    """RL from the SFT checkpoint for ``minutes`` (0: the recipe's or smoke's steps) with ``extra`` overrides: the last
+    held-out evaluation, the run directory and the number of distinct tasks RL trained on (none held out: checked)."""
     from turnrl.build import build
     from turnrl.loop import train
     from turnrl.monitor.sinks import read_metrics
 
     clock = [f"train.max_minutes={minutes:.2f}", "train.steps=100000"] if minutes else []
-    cfg = env_config(env, args, (f"model.path={model_path}", "eval.at_start=false", *clock,
-                                 f"log.run_dir={run_root}", f"log.name={env}-rl"))
+    cfg = env_config(env, args, (f"model.path={model_path}", "eval.at_start=false", *clock, *extra,
+                                 f"log.run_dir={run_root}", f"log.name={env}-{name}"))
     run_dir = train(cfg, components=build(cfg))
     counts = held_out_counts(run_dir)
     if counts["overlap"]:
@@ -128,22 +134,30 @@ def run_env(env: str, args) -> dict[str, Any]:
     s = run_sft(env, args, run_root)
     gc.collect()
     spent = (time.perf_counter() - t0) / 60
-    rl_minutes = 0.0 if args.smoke else max(0.5, args.minutes - spent - s.before["perf/eval_s"] / 60)
+    arms = 2 if args.demo_guided else 1
+    rl_minutes = 0.0 if args.smoke else max(0.5, (args.minutes - spent) / arms - s.before["perf/eval_s"] / 60)
     last, rl_dir, rl_tasks = run_rl(env, args, run_root, s.model_path, rl_minutes)
     rows = {"random": fixed["random"], "rule": fixed["rule"], "base": summary(s.before), "sft": summary(s.after),
             "sft_rl": summary(last), "oracle": fixed["oracle"]}
+    run_dirs = [s.run_dir, rl_dir]
+    if args.demo_guided:
+        demo = (f"algo.demo_coef={args.demo_coef}", f"algo.demo_file={s.run_dir / 'demos.jsonl'}")
+        demo_last, demo_dir, _ = run_rl(env, args, run_root, s.model_path, rl_minutes, demo, "demo-rl")
+        rows["demo_rl"] = summary(demo_last)
+        run_dirs.append(demo_dir)
     distinct = {r["distinct_tasks"] for r in rows.values()}
     if len(distinct) != 1:
         raise SystemExit(f"{env}: the rows ran on different numbers of held-out tasks {sorted(distinct)}")
     record = {"env": env, "distinct_eval_tasks": distinct.pop(), **{k: r["success"] for k, r in rows.items()},
               "ci95_sft_rl": rows["sft_rl"]["ci95"], "minutes": (time.perf_counter() - t0) / 60,
+              **({"demo_coef": args.demo_coef, "demo_rl_steps": int(demo_last["step"])} if args.demo_guided else {}),
               "env_id": cfg.env.id, "env_kwargs": cfg.env.kwargs, "recipe": ENVS[env][0], "demos": s.num_demos,
               "held_out_keys_in_demos_or_rl": 0, "rl_train_tasks": rl_tasks, "sft_steps": cfg.sft.steps,
               "rl_steps": int(last["step"]), "rl_minutes_budget": rl_minutes,
               "ci95": {k: r["ci95"] for k, r in rows.items()}, "valid": {k: r["valid"] for k, r in rows.items()}}
     if not args.keep:
-        shutil.rmtree(s.run_dir)
-        shutil.rmtree(rl_dir)
+        for run_dir in run_dirs:
+            shutil.rmtree(run_dir)
     return record
 
 
@@ -162,6 +176,21 @@ def targets(records: list[dict[str, Any]]) -> list[tuple[str, bool, str]]:
     ]
 
 
+def demo_table(records: list[dict[str, Any]]) -> list[str]:
+    """Demonstration-guided RL against plain RL from the same SFT checkpoint, same RL minutes (``--demo-guided``)."""
+    if not records:
+        return []
+    lines = ["", "Demonstration-guided RL (`algo.demo_coef`) vs SFT then plain RL, from the same SFT checkpoint, each arm "
+                 "with the same RL budget (half of the env's RL minutes at a --minutes budget):", "",
+             "| env | SFT | SFT + RL | SFT + demo-guided RL | demo-guided - plain | RL steps plain / demo-guided | demo_coef |",
+             "|---|---:|---:|---:|---:|---|---:|"]
+    for r in records:
+        c = {k: cell({"success": r[k], "ci95": r["ci95"][k]}) for k in ("sft", "sft_rl", "demo_rl")}
+        lines.append(f"| {r['env']} | {c['sft']} | {c['sft_rl']} | {c['demo_rl']} | {r['demo_rl'] - r['sft_rl']:+.3f} "
+                     f"| {r['rl_steps']} / {r['demo_rl_steps']} | {r['demo_coef']:g} |")
+    return lines
+
+
 def report(records: list[dict[str, Any]], args) -> str:
     """The dated RESULTS.md section: command, table, targets, and what was not run."""
     budget = "smoke budget (" + ", ".join(SMOKE) + ")" if args.smoke else f"{args.minutes:g} min per env"
@@ -178,6 +207,7 @@ def report(records: list[dict[str, Any]], args) -> str:
         lines.append(f"| {r['env']} | {r['distinct_eval_tasks']} | {c['random']} | {c['rule']} | {c['base']} | {c['sft']} "
                      f"| {c['sft_rl']} | {c['oracle']} | {v['base']:.2f} / {v['sft']:.2f} / {v['sft_rl']:.2f} | {r['demos']} "
                      f"| {r['sft_steps']} | {r['rl_steps']} | {r['minutes']:.1f} |")
+    lines += demo_table([r for r in records if "demo_rl" in r])
     lines += ["", "Targets (issue 19):", ""]
     lines += [f"- {name}: **{'met' if met else 'not met'}** ({why})" for name, met, why in targets(records)]
     if args.smoke or args.minutes < 30 or len(ran) < len(ENVS):
@@ -196,6 +226,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_runs/agents"), help="per-env records and the runs")
     ap.add_argument("--resume", action="store_true", help="skip envs already in OUT/results.json")
     ap.add_argument("--keep", action="store_true", help="keep the run directories and checkpoints")
+    ap.add_argument("--demo-guided", action="store_true",
+                    help="also run demonstration-guided RL (algo.demo_coef) from the same SFT checkpoint; the RL "
+                         "minutes are split equally between the two arms")
+    ap.add_argument("--demo-coef", type=float, default=0.1, help="algo.demo_coef of the --demo-guided arm")
     ap.add_argument("--no-write", action="store_true", help="print only: no bench/results file, no RESULTS.md section")
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides for every run")
     args = ap.parse_args()

@@ -53,3 +53,14 @@ def test_targets_count_gains_and_rl_only_beyond_its_interval():
     assert not rl_met and rl == "1 of 3 run: ['a']"
     assert soko_met and soko == "0.300"
     assert agents.targets(records[:1])[2] == ("Sokoban held-out greedy success >= 0.30", False, "Sokoban not run")
+
+
+def test_the_demo_table_compares_the_two_rl_arms_only_where_both_ran():
+    ci = {k: [0.0, 1.0] for k in ("sft", "sft_rl", "demo_rl")}
+    guided = {"env": "frozenlake_raw", "sft": 0.25, "sft_rl": 0.3, "demo_rl": 0.45, "ci95": ci, "rl_steps": 9,
+              "demo_rl_steps": 8, "demo_coef": 0.1}
+    assert agents.demo_table([]) == []
+    lines = agents.demo_table([guided])
+    row = lines[-1].split(" | ")
+    assert row[0] == "| frozenlake_raw" and row[4] == "+0.150" and row[5] == "9 / 8"
+    assert "same SFT checkpoint" in lines[1]
