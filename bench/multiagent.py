@@ -1,10 +1,11 @@
-"""Multi-agent training: per-agent credit vs a shared team reward (relay-v0), self-play against the base (nim-v0), and
+"""Multi-agent training: per-agent credit vs a shared team reward (relay-doors-v0), self-play against the base (nim-v0), and
 a planner / executor hierarchy vs flat training on a long-horizon task (8x8 FrozenLake).
 
 Three measurements, each training the default model (SmolLM2-135M-Instruct) from scratch with the run's own loop
 (``turnrl.loop.train``), evaluated greedily on held-out tasks distinct by task key (``build.TaskSplit``):
 
-- **cooperative** (relay-v0, 3-digit codes): the same budget and training tasks under ``algo.estimator=counterfactual``
+- **cooperative** (relay-doors-v0: 3 coloured doors, 3-digit codes; ``--doors 1`` is relay-v0): the same budget and
+  training tasks under ``algo.estimator=counterfactual``
   (per-agent credit: the team reward credited to the agent whose action mattered) and ``team_grpo`` (every agent gets
   the shared team advantage). Success is the team's (both roles share it).
 - **self-play** (nim-v0 with ``multiagent.selfplay=true``): the learner plays one role per task against a pool of its
@@ -19,8 +20,9 @@ Three measurements, each training the default model (SmolLM2-135M-Instruct) from
 Every learning number stands beside, on the same held-out tasks: uniform random, the best simple fixed rule, the base
 model (each run's step-0 evaluation) and the oracle, with 95% Wilson intervals over the distinct tasks. The policies
 read only their own role's prompt (:class:`PolicyEngine`) and play through the same multi-agent collector as the
-model. Cooperative: random = random digits said and entered; rule = the best rule without messages (the listener
-enters a fixed code, :func:`~turnrl.envs.relay.no_message_rule`); oracle = say the code, enter what was said.
+model. Cooperative: random = random digits said and entered; rule = with doors, say every door's colour and code and
+enter the first code heard (one message-reading rule; without doors, the listener enters a fixed code,
+:func:`~turnrl.envs.relay.no_message_rule`); oracle = say every door's code (or the code), enter your own door's.
 Self-play (all against the base model): random = a uniform legal move; rule = one object from the largest heap;
 oracle = Bouton's nim-sum strategy. Hierarchy: bench/baselines.py's FrozenLake policies on the flat env's held-out
 maps (random move; Down if the hint says frozen, else Right; the shortest path), the ceiling of both arms.
@@ -70,7 +72,7 @@ from turnrl.monitor.metrics import eval_metrics  # noqa: E402
 from turnrl.rollout.multiagent import MultiAgentCollector  # noqa: E402
 
 BUDGETS = {"smoke": dict(steps=1, tasks=1, group=2, eval_tasks=4), "full": dict(steps=30, tasks=4, group=8, eval_tasks=32)}
-DIGITS = 3
+DIGITS, DOORS = 3, 3  # the cooperative arms' env: relay-doors-v0 (``--digits``, ``--doors``)
 Policy = Callable[[str], str]
 
 
@@ -94,22 +96,34 @@ def _last(pattern: str, text: str) -> str | None:
     return found[-1] if found else None
 
 
-def relay_policies(rng: random.Random) -> dict[str, Policy]:
+def relay_policies(rng: random.Random, n_digits: int) -> dict[str, Policy]:
+    """Random, rule and oracle teams of relay-v0, one code or coloured doors (read from the prompt)."""
     def role_of(prompt: str) -> str:
         return "speaker" if "You are the speaker" in prompt else "listener"
 
     def digits() -> str:
-        return "".join(str(rng.randrange(10)) for _ in range(DIGITS))
+        return "".join(str(rng.randrange(10)) for _ in range(n_digits))
 
-    def oracle(prompt: str) -> str:
-        if role_of(prompt) == "speaker":
+    def say_all(prompt: str) -> str:
+        doors = _last(r"Door codes: ([^\n]*?)\. Your teammate", prompt)
+        if doors is None:
             return "SAY " + str(_last(r"The secret code is (\d+)", prompt))
-        return "ENTER " + (_last(r"speaker: (\d+)", prompt) or "0")[:DIGITS]
+        return "SAY " + " ".join(f"{c} {code}" for c, code in re.findall(r"(\w+) door (\d+)", doors))
+
+    def enter(prompt: str, own_door: bool) -> str:
+        message, door = _last(r"speaker: ([^\n]*)", prompt) or "", _last(r"Open the (\w+) door", prompt)
+        found = re.search(rf"{door}\W*(\d{{{n_digits}}})" if own_door and door else rf"(\d{{{n_digits}}})", message)
+        return "ENTER " + (found.group(1) if found else "0" * n_digits)
+
+    def rule(prompt: str) -> str:
+        if "Door codes:" in prompt or "Open the" in prompt:  # doors: say everything, enter the first code heard
+            return say_all(prompt) if role_of(prompt) == "speaker" else enter(prompt, own_door=False)
+        return "SAY hello" if role_of(prompt) == "speaker" else no_message_rule(n_digits)
 
     return {
         "random": lambda p: f"SAY {digits()}" if role_of(p) == "speaker" else f"ENTER {digits()}",
-        "rule": lambda p: "SAY hello" if role_of(p) == "speaker" else no_message_rule(DIGITS),
-        "oracle": oracle,
+        "rule": rule,
+        "oracle": lambda p: say_all(p) if role_of(p) == "speaker" else enter(p, own_door=True),
     }
 
 
@@ -179,14 +193,22 @@ def cell(r: dict[str, Any]) -> str:
     return f"{r['success']:.3f} [{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}]"
 
 
+def relay_code(budget: dict[str, int]) -> dict[str, Any]:
+    """The config override that sets relay-v0's code length and doors to the bench's ``--digits`` and ``--doors``, with
+    room in a response for every door's colour and code."""
+    return {"env": {"kwargs": {"digits": budget["digits"], "doors": budget["doors"]}},
+            "rollout": {"max_new_tokens": 10 + 6 * (budget["doors"] - 1)}}
+
+
 def coop_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     """relay-v0: per-agent (counterfactual) credit vs the shared team reward, beside the baselines."""
     coop: dict[str, Any] = {}
+    code = relay_code(budget)
     for arm, estimator in (("per_agent", "counterfactual"), ("shared", "team_grpo")):
-        cfg = config("relay-v0", budget, tmp, {"algo": {"estimator": estimator}, **extra})
+        cfg = config("relay-v0", budget, tmp, {"algo": {"estimator": estimator}, **code, **extra})
         coop["base"], coop[arm], _, c = trained(cfg)
-    coop.update(baselines(c, relay_policies(rng), against_base=False))
-    print(f"\nrelay-v0, team success on {coop['base']['distinct_tasks']} held-out tasks ({budget}):")
+    coop.update(baselines(c, relay_policies(rng, budget["digits"]), against_base=False))
+    print(f"\nrelay-v0 ({budget['doors']} doors, {budget['digits']}-digit codes), team success on {coop['base']['distinct_tasks']} held-out tasks ({budget}):")
     for name in ("random", "rule", "base", "per_agent", "shared", "oracle"):
         print(f"  {name:10s} {cell(coop[name])}")
     return {"coop_per_agent": coop["per_agent"]["success"], "coop_shared": coop["shared"]["success"],
@@ -258,12 +280,13 @@ def per_role_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: r
     for policies in ("shared", "per_role"):
         c = None  # one run's models, optimizers and engines in memory at a time
         gc.collect()
-        cfg = config("relay-v0", budget, tmp, {"algo": {"estimator": "counterfactual"}, "multiagent": {"policies": policies}, **extra})
+        cfg = config("relay-v0", budget, tmp, {"algo": {"estimator": "counterfactual"}, "multiagent": {"policies": policies},
+                                               **relay_code(budget), **extra})
         arms["base"], arms[policies], rows, c = trained(cfg)
         steps = [r for r in rows if "perf/train_s" in r]
         arms[policies] |= {"parameters_m": sum(p.numel() for p in c.model.parameters()) / 1e6,
                            "step_s": sum(r["perf/rollout_s"] + r["perf/train_s"] for r in steps) / len(steps)}
-    arms.update(baselines(c, relay_policies(rng), against_base=False))
+    arms.update(baselines(c, relay_policies(rng, budget["digits"]), against_base=False))
     print(f"\nrelay-v0, team success on {arms['base']['distinct_tasks']} held-out tasks, shared model vs per-role ({budget}):")
     for name in ("random", "rule", "base", "shared", "per_role", "oracle"):
         more = f"  {arms[name]['parameters_m']:.1f}M parameters, {arms[name]['step_s']:.1f} s/step" if "step_s" in arms[name] else ""
@@ -282,8 +305,13 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=DEFAULT_ARMS,
                         help="which measurements to run (default: coop selfplay hier); the others' fields in the result "
                         "file are kept")
+    parser.add_argument("--digits", type=int, default=DIGITS,
+                        help="relay-v0's code length in the cooperative arms")
+    parser.add_argument("--doors", type=int, default=DOORS,
+                        help="relay-v0's coloured doors in the cooperative arms (1: one code, which the base model "
+                        "already relays 0.94 of the time at 5 and 8 digits; 3: relay-doors-v0)")
     args = parser.parse_args()
-    budget = BUDGETS["smoke" if args.smoke else "full"]
+    budget = {**BUDGETS["smoke" if args.smoke else "full"], "digits": args.digits, "doors": args.doors}
     rng = random.Random(0)
     extra = {"train": {"threads": args.threads}} if args.threads else {}
     t0 = time.perf_counter()

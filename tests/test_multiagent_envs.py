@@ -1,6 +1,7 @@
 """The multi-agent env contract and the built-in multi-agent envs: relay-v0 (cooperative) and nim-v0 (competitive)."""
 
 import random
+import re
 
 import pytest
 
@@ -25,7 +26,7 @@ def oracle(env, role):
     return env.oracle(role)
 
 
-@pytest.mark.parametrize("env_id", ["relay-v0", "nim-v0"])
+@pytest.mark.parametrize("env_id", ["relay-v0", "relay-doors-v0", "nim-v0"])
 def test_builtin_multiagent_envs_pass_check_env(env_id):
     assert env_id in registered()
     check_env(env_id, seeds=range(5), random_tasks=True)
@@ -80,6 +81,39 @@ def test_relay_task_key_is_the_code():
         assert env.task_key() == f"relay:{env.code}"
         keys.add(env.task_key())
     assert len(keys) > 40
+
+
+def test_relay_doors_splits_the_information_both_ways():
+    env = CodeRelay(digits=3, doors=3)
+    obs, _ = env.reset(seed=11)
+    assert set(env.door_codes) >= {env.door} and env.door_codes[env.door] == env.code and len(set(env.door_codes)) == 3
+    assert all(code in obs["speaker"] for code in env.door_codes.values()) and f"the {env.door} door" not in obs["speaker"]
+    assert f"Open the {env.door} door" in obs["listener"] and not any(c in obs["listener"] for c in env.door_codes.values())
+    seeds = range(300)
+    team = [play(env, {"speaker": oracle, "listener": oracle}, s)[0]["listener"]["success"] for s in seeds]
+    assert all(team)
+
+    def first_code(e, r):  # the listener enters the first code it hears, whatever its door
+        return "ENTER " + re.search(r"\d{3}", e.message).group(0)
+
+    first = [play(env, {"speaker": oracle, "listener": first_code}, s)[0]["listener"]["success"] for s in seeds]
+    assert 0.2 < sum(first) / len(first) < 0.47  # the door comes first in 1 of 3 orders
+    # a message with only the listener's door's code is enough; one without it is not
+    only_door = {"speaker": lambda e, r: f"SAY {e.door} {e.code}", "listener": oracle}
+    assert all(play(env, only_door, s)[0]["listener"]["success"] for s in range(30))
+
+
+def test_relay_doors_task_key_names_every_door_and_the_one_to_open():
+    env = CodeRelay(doors=3)
+    keys = set()
+    for s in range(50):
+        env.reset(seed=s)
+        key = env.task_key()
+        assert key.startswith("relay-doors:") and key.endswith(f":open={env.door}") and env.code in key
+        keys.add(key)
+    assert len(keys) == 50
+    with pytest.raises(ValueError, match="doors=7"):
+        CodeRelay(doors=7)
 
 
 def test_nim_oracle_wins_every_winnable_game_against_the_fixed_rule_and_random_play():

@@ -58,6 +58,14 @@ register(
     max_turns=6,
 )
 register(
+    "relay-doors-v0",
+    "turnrl.envs.relay:CodeRelay",
+    description="multi-agent, cooperative, information split both ways: the speaker sees 3 doors' codes, the listener "
+                "which door to open; one message must carry the codes, the listener must pick its own",
+    max_turns=6,
+    doors=3,
+)
+register(
     "nim-v0",
     "turnrl.envs.nim:Nim",
     description="multi-agent, competitive: two players alternate TAKE <count> FROM <heap>; taking the last object wins",

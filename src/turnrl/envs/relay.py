@@ -12,6 +12,15 @@ likewise for both. A response without its role's action is invalid (feedback, sa
 changes). Without a message the listener can only guess: any rule that ignores messages succeeds on at most one
 of the ``10 ** digits`` codes, a ``10 ** -digits`` chance over tasks (:func:`no_message_rule`).
 The task key is the code: there are ``10 ** digits`` distinct tasks.
+
+**Doors** (``doors=k >= 2``; ``relay-doors-v0`` is ``doors=3``): the information is split both ways. The speaker sees
+``k`` doors of distinct colours, each with its own code, but not which door the team must open; the listener is told
+the door's colour but sees no code. One message must therefore carry every door's code with its colour, and the
+listener must pick its door's code out of it: the speaker's protocol and the listener's reading both decide the
+outcome, which is what per-agent credit has to tell apart. The oracle speaker says ``<colour> <code>`` for every
+door; the oracle listener enters the code that follows its colour in the message. A listener that enters the first
+code it hears (the simple rule that reads messages) succeeds on the ``1 / k`` of tasks whose door comes first.
+The task key is the door colours, their codes and the door to open.
 """
 
 from __future__ import annotations
@@ -25,10 +34,20 @@ from turnrl.envs.multiagent import MultiAgentEnv, MultiStep, parse_message
 
 SPEAKER, LISTENER = "speaker", "listener"
 _EXAMPLE_CODE = "5081"  # few-shot instance; its length differs from every default task's
+_DOORS_INSTRUCTIONS = {
+    SPEAKER: "You are the speaker in a two-player team. You see the secret codes of several coloured doors, but not which "
+             "door the team must open; your teammate, the listener, knows the door but sees no code. Help it with one "
+             "message: SAY <message>",
+    LISTENER: "You are the listener in a two-player team. You know which coloured door to open; your teammate, the "
+              "speaker, sees the doors' codes and sends you a message. Enter your door's code: ENTER <code>",
+}
+COLOURS = ("red", "blue", "green", "white", "black", "yellow")
+_EXAMPLE_DOORS = (("white", "5081"), ("red", "7264"))  # few-shot instance of the doors variant: 4-digit codes
 
 
 class CodeRelay(MultiAgentEnv):
-    """The code relay (module docstring). ``digits``: the code's length, 1..8."""
+    """The code relay (module docstring). ``digits``: each code's length, 1..8; ``doors``: 1 (one code) or the number of
+    coloured doors, 2..6 (the doors variant)."""
 
     roles = (SPEAKER, LISTENER)
     role_instructions = {
@@ -38,10 +57,16 @@ class CodeRelay(MultiAgentEnv):
                   "see and sends you a message. Enter the code: ENTER <code>",
     }
 
-    def __init__(self, digits: int = 3) -> None:
+    def __init__(self, digits: int = 3, doors: int = 1) -> None:
         if not 1 <= digits <= 8:
             raise ValueError(f"digits={digits} must be in 1..8")
-        self.digits = digits
+        if not 1 <= doors <= len(COLOURS):
+            raise ValueError(f"doors={doors} must be in 1..{len(COLOURS)} (1: one code; more: the doors variant)")
+        self.digits, self.doors = digits, doors
+        if doors > 1:
+            self.role_instructions = _DOORS_INSTRUCTIONS  # type: ignore[misc]
+        self.door_codes: dict[str, str] = {}  # colour -> code, in the order the speaker sees them (doors variant)
+        self.door = ""  # the colour of the door to open (doors variant)
         self.code = ""
         self.message: str | None = None
         self.entered: str | None = None
@@ -49,6 +74,12 @@ class CodeRelay(MultiAgentEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, str], dict[str, Any]]:
         rng = random.Random(seed)
         self.code = "".join(str(rng.randrange(10)) for _ in range(self.digits))
+        if self.doors > 1:
+            others = ["".join(str(rng.randrange(10)) for _ in range(self.digits)) for _ in range(self.doors - 1)]
+            colours = rng.sample(COLOURS, self.doors)
+            self.door = rng.choice(colours)
+            codes = iter(others)
+            self.door_codes = {c: self.code if c == self.door else next(codes) for c in colours}
         self.message, self.entered = None, None
         return {SPEAKER: self._speaker_view(), LISTENER: self._listener_view()}, {}
 
@@ -90,34 +121,54 @@ class CodeRelay(MultiAgentEnv):
                          dict.fromkeys(self.roles, False), infos)
 
     def _speaker_view(self) -> str:
+        if self.doors > 1:
+            return _doors_view(self.door_codes.items())
         return f"The secret code is {self.code}."
 
     def _listener_view(self) -> str:
+        door = f"Open the {self.door} door. " if self.doors > 1 else ""
         if self.message is None:
-            return "Wait for the speaker's message."
-        return f"{SPEAKER}: {self.message}\nEnter the {self.digits}-digit code: ENTER <code>"
+            return door + "Wait for the speaker's message."
+        return f"{SPEAKER}: {self.message}\n{door}Enter the {self.digits}-digit code: ENTER <code>"
 
     def anchor(self, role: str) -> str:
         """The speaker's view is the code; the listener's is the message it got (None before one)."""
         return self._speaker_view() if role == SPEAKER else f"message: {self.message}"
 
     def task_key(self) -> str:
+        if self.doors > 1:
+            return "relay-doors:" + ",".join(f"{c}={code}" for c, code in self.door_codes.items()) + f":open={self.door}"
         return f"relay:{self.code}"
 
     def oracle(self, role: str) -> str:
-        """Speaker: ``SAY <code>``. Listener: enter the first ``digits`` digits of the message (only what it saw)."""
+        """Speaker: ``SAY <code>`` (doors: every door's colour and code). Listener: the first ``digits`` digits of the
+        message (doors: the ones after its door's colour), only what it saw."""
         if role == SPEAKER:
-            return f"SAY {self.code}"
-        heard = re.search(rf"\d{{{self.digits}}}", self.message or "")
-        return f"ENTER {heard.group(0) if heard else '0' * self.digits}"
+            return "SAY " + (" ".join(f"{c} {code}" for c, code in self.door_codes.items()) if self.doors > 1 else self.code)
+        after = rf"{self.door}\W*" if self.doors > 1 else ""
+        heard = re.search(rf"{after}(\d{{{self.digits}}})", self.message or "", re.IGNORECASE)
+        return f"ENTER {heard.group(1) if heard else '0' * self.digits}"
 
     def examples(self, role: str) -> list[tuple[str, str]]:
+        if self.doors > 1:  # the format on a 2-door instance; which door to say and read is left to the policy
+            said = " ".join(f"{c} {code}" for c, code in _EXAMPLE_DOORS)
+            if role == SPEAKER:
+                return [(_doors_view(_EXAMPLE_DOORS), f"SAY {said}")]
+            colour, code = _EXAMPLE_DOORS[1]
+            return [(f"{SPEAKER}: {said}\nOpen the {colour} door. Enter the {len(code)}-digit code: ENTER <code>", f"ENTER {code}")]
         if role == SPEAKER:
             return [(f"The secret code is {_EXAMPLE_CODE}.", f"SAY {_EXAMPLE_CODE}")]
         return [(f"{SPEAKER}: {_EXAMPLE_CODE}\nEnter the {len(_EXAMPLE_CODE)}-digit code: ENTER <code>", f"ENTER {_EXAMPLE_CODE}")]
 
     def render(self) -> str:
-        return f"code {self.code} | message {self.message!r} | entered {self.entered!r}"
+        door = f"open {self.door} of {self.door_codes} | " if self.doors > 1 else ""
+        return f"{door}code {self.code} | message {self.message!r} | entered {self.entered!r}"
+
+
+def _doors_view(doors) -> str:
+    """The speaker's view of the doors variant: each door's colour and code, not which one to open."""
+    listed = ", ".join(f"{c} door {code}" for c, code in doors)
+    return f"Door codes: {listed}. Your teammate knows which door to open; you do not."
 
 
 def no_message_rule(digits: int = 3) -> str:
