@@ -66,7 +66,7 @@ from turnrl.build import build, sampling_params  # noqa: E402
 from turnrl.config import Config  # noqa: E402
 from turnrl.engines.base import Completion, Engine, SamplingParams  # noqa: E402
 from turnrl.envs.nim import Nim, largest_heap_rule  # noqa: E402
-from turnrl.envs.relay import no_message_rule  # noqa: E402
+from turnrl.envs.relay import doors_message, no_message_rule  # noqa: E402
 from turnrl.loop import train  # noqa: E402
 from turnrl.monitor.metrics import eval_metrics  # noqa: E402
 from turnrl.rollout.multiagent import MultiAgentCollector  # noqa: E402
@@ -108,7 +108,7 @@ def relay_policies(rng: random.Random, n_digits: int) -> dict[str, Policy]:
         doors = _last(r"Door codes: ([^\n]*?)\. Your teammate", prompt)
         if doors is None:
             return "SAY " + str(_last(r"The secret code is (\d+)", prompt))
-        return "SAY " + " ".join(f"{c} {code}" for c, code in re.findall(r"(\w+) door (\d+)", doors))
+        return "SAY " + doors_message(re.findall(r"(\w+) door (\d+)", doors))
 
     def enter(prompt: str, own_door: bool) -> str:
         message, door = _last(r"speaker: ([^\n]*)", prompt) or "", _last(r"Open the (\w+) door", prompt)
@@ -287,7 +287,7 @@ def per_role_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: r
         arms[policies] |= {"parameters_m": sum(p.numel() for p in c.model.parameters()) / 1e6,
                            "step_s": sum(r["perf/rollout_s"] + r["perf/train_s"] for r in steps) / len(steps)}
     arms.update(baselines(c, relay_policies(rng, budget["digits"]), against_base=False))
-    print(f"\nrelay-v0, team success on {arms['base']['distinct_tasks']} held-out tasks, shared model vs per-role ({budget}):")
+    print(f"\nrelay-v0 ({budget['doors']} doors), team success on {arms['base']['distinct_tasks']} held-out tasks, shared model vs per-role ({budget}):")
     for name in ("random", "rule", "base", "shared", "per_role", "oracle"):
         more = f"  {arms[name]['parameters_m']:.1f}M parameters, {arms[name]['step_s']:.1f} s/step" if "step_s" in arms[name] else ""
         print(f"  {name:10s} {cell(arms[name])}{more}")

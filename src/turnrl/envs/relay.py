@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from turnrl.envs.multiagent import MultiAgentEnv, MultiStep, parse_message
@@ -144,14 +144,14 @@ class CodeRelay(MultiAgentEnv):
         """Speaker: ``SAY <code>`` (doors: every door's colour and code). Listener: the first ``digits`` digits of the
         message (doors: the ones after its door's colour), only what it saw."""
         if role == SPEAKER:
-            return "SAY " + (" ".join(f"{c} {code}" for c, code in self.door_codes.items()) if self.doors > 1 else self.code)
+            return "SAY " + (doors_message(self.door_codes.items()) if self.doors > 1 else self.code)
         after = rf"{self.door}\W*" if self.doors > 1 else ""
         heard = re.search(rf"{after}(\d{{{self.digits}}})", self.message or "", re.IGNORECASE)
         return f"ENTER {heard.group(1) if heard else '0' * self.digits}"
 
     def examples(self, role: str) -> list[tuple[str, str]]:
         if self.doors > 1:  # the format on a 2-door instance; which door to say and read is left to the policy
-            said = " ".join(f"{c} {code}" for c, code in _EXAMPLE_DOORS)
+            said = doors_message(_EXAMPLE_DOORS)
             if role == SPEAKER:
                 return [(_doors_view(_EXAMPLE_DOORS), f"SAY {said}")]
             colour, code = _EXAMPLE_DOORS[1]
@@ -165,10 +165,15 @@ class CodeRelay(MultiAgentEnv):
         return f"{door}code {self.code} | message {self.message!r} | entered {self.entered!r}"
 
 
-def _doors_view(doors) -> str:
+def _doors_view(doors: Iterable[tuple[str, str]]) -> str:
     """The speaker's view of the doors variant: each door's colour and code, not which one to open."""
     listed = ", ".join(f"{c} door {code}" for c, code in doors)
     return f"Door codes: {listed}. Your teammate knows which door to open; you do not."
+
+
+def doors_message(doors: Iterable[tuple[str, str]]) -> str:
+    """The oracle speaker's message in the doors variant: ``<colour> <code>`` for every ``(colour, code)`` door."""
+    return " ".join(f"{c} {code}" for c, code in doors)
 
 
 def no_message_rule(digits: int = 3) -> str:
