@@ -16,6 +16,14 @@ its collector). Every success has its 95% Wilson interval over the distinct task
 
     python bench/memory.py --smoke            # 1 step, 2 tasks x 2, 4 held-out tasks, 2 rooms: runs end to end
     python bench/memory.py                    # the config's budget (40 steps, 4 tasks x 8, 64 held-out tasks)
+    python bench/memory.py --sft --rl-steps 10  # every arm starts from SFT on its own oracle demonstrations
+
+``--sft``: the untrained model never writes a memory action (``--base-only`` below), so RL from it has nothing to
+reinforce. With ``--sft`` every arm first fine-tunes on oracle demonstrations of training tasks rendered in the
+arm's own context (``sft.*``: 64 demonstrations, 50 steps by default): the memory arm's oracle notes the code
+first and recalls it at the door (``MemoryActions.solve``); the truncation arm's says the code at the door from a
+context that may have dropped it; the full-context arm's reads it from the first observation. Each row then
+has the untrained model's and the SFT model's held-out success beside the final one.
 
 writes ``bench/results/memory.json`` (``memory_smoke.json`` with ``--smoke``).
 
@@ -70,7 +78,8 @@ def memory_turn_rate(run_dir: Path) -> float:
 
 
 def run_arm(config: Path, overrides: list[str], run_root: Path) -> dict[str, Any]:
-    """Train one arm and read its step-0 and final evaluations and its final evaluation's prompt tokens."""
+    """Train one arm and read its first (step 0 with ``eval.at_start``) and final evaluations and its final
+    evaluation's prompt tokens."""
     from turnrl.build import build
     from turnrl.config import load_config
     from turnrl.loop import train
@@ -85,6 +94,44 @@ def run_arm(config: Path, overrides: list[str], run_root: Path) -> dict[str, Any
     return {**summary(evals[-1]), "base": summary(evals[0]), "steps": cfg.train.steps,
             "prompt_tokens_per_episode": c.collector.take_stats().prompt_tokens / episodes,
             "memory_turn_rate_training": memory_turn_rate(run_dir), "seconds": time.perf_counter() - t0}
+
+
+def sft_arm(config: Path, overrides: list[str], run_root: Path, rl_steps: int) -> dict[str, Any]:
+    """``--sft``: the untrained model's held-out evaluation, then ``turnrl sft`` on the arm's own oracle demonstrations
+    of training tasks (the memory arm's write ``note: code C`` first and ``recall`` at the door:
+    :meth:`~turnrl.agent.memory.MemoryActions.solve`), its evaluation, then ``rl_steps`` RL steps from the SFT
+    checkpoint (none when 0). The row is the last stage's; ``base`` and ``sft`` rows beside it."""
+    import gc
+
+    from turnrl.build import build
+    from turnrl.config import load_config
+    from turnrl.loop import evaluate
+    from turnrl.sft import sft
+
+    t0 = time.perf_counter()
+    cfg = load_config(config, [*overrides, "sft.demos=oracle", "eval.at_start=false", f"log.run_dir={run_root}"])
+    c = build(cfg)
+    collector = c.eval_collector or c.collector
+    base = evaluate(c)
+    collector.take_stats()  # count the SFT model's final evaluation only
+    run = sft(cfg, components=c)
+    prompt_tokens = collector.take_stats().prompt_tokens / run.after["eval/num_tasks"]
+    demo_memory = [sum("memory" in t.info for t in d.turns) for d in _demos(run.run_dir / "demos.jsonl")]
+    sft_row = {**summary(run.after), "prompt_tokens_per_episode": prompt_tokens, "demos": run.num_demos,
+               "demo_memory_turns": sum(demo_memory) / max(1, len(demo_memory)), "sft_steps": cfg.sft.steps}
+    del c
+    gc.collect()
+    row = {**sft_row, "steps": 0}
+    if rl_steps:
+        row = run_arm(config, [*overrides, f"model.path={run.model_path}", f"train.steps={rl_steps}",
+                               "eval.at_start=false"], run_root)
+    return {**row, "base": summary(base), "sft": sft_row, "seconds": time.perf_counter() - t0}
+
+
+def _demos(path: Path) -> list:
+    from turnrl.agent.demos import read_demos
+
+    return read_demos(path)
 
 
 def memory_use(groups: list) -> dict[str, Any]:
@@ -162,6 +209,11 @@ def main() -> int:
     ap.add_argument("--base-only", action="store_true",
                     help="train nothing: the base model's memory-action use, valid actions and success, with and "
                          "without the memory few-shot, beside the baselines (bench/results/memory_base.json)")
+    ap.add_argument("--sft", action="store_true",
+                    help="start every arm from SFT on its own oracle demonstrations (sft.* settings; the memory arm's "
+                         "demos use note/recall), then --rl-steps RL steps")
+    ap.add_argument("--rl-steps", type=int, default=None,
+                    help="with --sft: RL steps after SFT (0: SFT only; default: the config's train.steps)")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides for every arm, as for turnrl train")
     args = ap.parse_args()
 
@@ -179,29 +231,43 @@ def main() -> int:
         return 0
     run_root = Path(tempfile.mkdtemp(prefix="turnrl-memory-bench-"))
     try:
-        arms = {name: run_arm(args.config, [*common, *ARMS[name]], run_root) for name in args.arms}
+        if args.sft:
+            rl_steps = cfg.train.steps if args.rl_steps is None else args.rl_steps
+            arms = {name: sft_arm(args.config, [*common, *ARMS[name]], run_root, rl_steps) for name in args.arms}
+        else:
+            arms = {name: run_arm(args.config, [*common, *ARMS[name]], run_root) for name in args.arms}
     finally:
         shutil.rmtree(run_root)  # metrics are kept in the result, not the runs
 
-    print(f"{cfg.env.id}, budget {cfg.rollout.budget_tokens} tokens, {cfg.train.steps} steps per arm; "
-          f"{baselines['oracle']['distinct_tasks']} distinct held-out tasks")
-    print("| policy | held-out success [95% CI] | untrained | prompt tokens / episode | memory turns (training) |")
-    print("|---|---:|---:|---:|---:|")
-    for name, r in baselines.items():
-        print(f"| {name} | {cell(r)} | - | - | - |")
-    for name, r in arms.items():
-        print(f"| {name} | {cell(r)} | {cell(r['base'])} | {r['prompt_tokens_per_episode']:.0f} "
-              f"| {r['memory_turn_rate_training']:.2f} |")
+    steps = (cfg.train.steps if args.rl_steps is None else args.rl_steps) if args.sft else cfg.train.steps
+    start = (f"SFT on each arm's own oracle demonstrations ({cfg.sft.num_demos} asked, {cfg.sft.steps} steps), then "
+             f"{steps} RL steps" if args.sft else f"{steps} RL steps from the untrained model")
+    lines = [f"{cfg.env.id} ({cfg.env.kwargs or 'default rooms'}), budgeted context of {cfg.rollout.budget_tokens} "
+             f"tokens; every arm: {start}; greedy, {baselines['oracle']['distinct_tasks']} distinct held-out tasks", "",
+             "| policy | held-out success [95% CI] | untrained | after SFT | prompt tokens / episode | memory turns "
+             "(training) |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {name} | {cell(r)} | - | - | - | - |" for name, r in baselines.items()]
+    lines += [f"| {name} | {cell(r)} | {cell(r['base'])} | {cell(r['sft']) if 'sft' in r else '-'} "
+              f"| {r['prompt_tokens_per_episode']:.0f} | {r.get('memory_turn_rate_training', 0.0):.2f} |"
+              for name, r in arms.items()]
+    print("\n".join(lines))
     arm = arms.get
     path = write_result("memory_smoke" if args.smoke else "memory", {
         "config": str(args.config), "overrides": args.overrides, "smoke": args.smoke, "env": cfg.env.id,
-        "budget_tokens": cfg.rollout.budget_tokens, "steps": cfg.train.steps,
+        "budget_tokens": cfg.rollout.budget_tokens, "start": "sft" if args.sft else "base", "steps": steps,
         "truncation": arm("truncation"), "full_context": arm("full_context"), "memory_actions": arm("memory_actions"),
         "experience": None,
         "prompt_tokens_full": (arm("full_context") or {}).get("prompt_tokens_per_episode"),
         "prompt_tokens_memory": (arm("memory_actions") or {}).get("prompt_tokens_per_episode"),
         "distinct_eval_tasks": baselines["oracle"]["distinct_tasks"], "baselines": baselines,
     })
+    command = " ".join(["python bench/memory.py", *(["--smoke"] if args.smoke else []), *(["--sft"] if args.sft else []),
+                        *([f"--rl-steps {args.rl_steps}"] if args.rl_steps is not None else []),
+                        *(["--arms", *args.arms] if args.arms != list(ARMS) else []), *args.overrides])
+    smoke = " (smoke)" if args.smoke else ""
+    append_results("\n".join([f"### Memory under a context budget: truncation, full context, memory actions{smoke} — "
+                               f"{time.strftime('%Y-%m-%d %H:%M')}", "", f"Command: `{command}`. Result: "
+                               f"`{path.relative_to(ROOT)}`.", "", *lines]))
     print(f"wrote {path}")
     return 0
 

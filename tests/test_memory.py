@@ -8,8 +8,8 @@ import pytest
 
 from turnrl.agent import ChatRenderer, ContextSpec, EpisodeContext
 from turnrl.agent.memory import BUDGET_LINE, MemoryActions
-from turnrl.build import with_memory
-from turnrl.config import Config, ConfigError
+from turnrl.build import build, with_memory
+from turnrl.config import Config, ConfigError, load_config
 from turnrl.engines.base import Completion, SamplingParams
 from turnrl.envs import make
 from turnrl.envs.base import Env
@@ -211,3 +211,29 @@ def test_a_memory_episode_records_exactly_the_prompts_the_engine_was_given(token
     shown = load_report_data(tmp_path).trajectories[0]["turns"]  # what the report's viewer marks
     assert [t["memory"] for t in shown] == [t.info.get("memory") for t in traj.turns]
     assert [t["context"] for t in shown] == contexts
+
+
+@pytest.mark.parametrize("actions, expected", [
+    (["note", "recall", "compress"], ["note", None, None, None, "recall", None]),
+    (["compress"], ["compress", None, None, None, None]),
+    (["recall"], [None, None, None, None]),  # nothing to keep the fact with: the env's own plan
+])
+def test_the_memory_oracle_notes_the_code_first_and_recalls_it_at_the_door(tokenizer, tiny_model, actions, expected):
+    """Oracle demonstrations of keys-v0 with memory actions: the plan writes the env's ``oracle_note()`` first and
+    recalls it just before the door, so SFT on them shows the policy how to keep the code through a budget."""
+    from turnrl.sft import oracle_demos
+
+    overrides = ["env.id=keys-v0", "env.kwargs.rooms=3", "env.max_turns=6", "rollout.context=budgeted",
+                 "rollout.budget_tokens=400", "rollout.max_new_tokens=12", "rollout.tasks_per_step=2",
+                 "eval.num_tasks=2", "rollout.engine=hf", "model.autocast_bf16=false", f"memory.actions={actions}"]
+    c = build(load_config(None, overrides), model=tiny_model, tokenizer=tokenizer)
+    demos = oracle_demos(c, 2)
+    assert len(demos) == 2 and all(d.success for d in demos)
+    for demo in demos:
+        assert [t.info.get("memory") for t in demo.turns] == expected
+        responses = [tokenizer.decode(t.response_ids, skip_special_tokens=True) for t in demo.turns]
+        colour = responses[-1]
+        if expected[0]:
+            assert responses[0] == f"{expected[0]}: code {colour}"
+        if "recall" in expected:  # the recall's reply, in the door turn's prompt, carries the code
+            assert f"Your notes: code {colour}." in tokenizer.decode(demo.turns[-1].prompt_ids)

@@ -19,7 +19,9 @@ max_actions`` responses. The tokens of notes and summaries are the agent's respo
 other response, with the advantage of their turn.
 
 The few-shot exchanges (:meth:`MemoryActions.examples`) show a memory action in use, in the env's own exchanges and
-with the replies this wrapper gives: a model that has never seen ``note:`` in a prompt does not write it.
+with the replies this wrapper gives: a model that has never seen ``note:`` in a prompt does not write it. The oracle
+(:meth:`MemoryActions.solve`) uses them the same way, so demonstrations (``turnrl sft``, ``sft.demos=oracle``) teach
+the policy to keep what it will need, where the env says what that is (``oracle_note()``).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class MemoryActions(Wrapper):
         self.used = 0
         self._observation = ""
         self._success = False
+        self._answered: set[str] = set()  # the memory actions answered (validly) this episode, for solve()
 
     @property
     def instructions(self) -> str:  # type: ignore[override]
@@ -117,8 +120,29 @@ class MemoryActions(Wrapper):
             shown.append((observation, response))
         return shown
 
+    def solve(self) -> list[str] | None:
+        """The env's plan from here with this wrapper's memory actions in it, as :meth:`examples` shows them in use.
+
+        When the env says what to keep (``oracle_note()``, e.g. keys-v0's ``"code blue"``) and note or compress is on:
+        first ``note: FACT`` (``compress: FACT`` when note is off); with note and recall on, ``recall`` just before
+        the plan's last action (the one that needs FACT). Otherwise, or once ``max_actions`` memory turns are used,
+        the env's plan unchanged. Demonstrations of it (``sft.demos=oracle``) are what teaches a model that never
+        writes a memory action (bench/results/memory_base.json) to keep a fact through a budgeted context.
+        """
+        plan = self.env.solve()
+        hint = getattr(self.env, "oracle_note", None)
+        keep = next((a for a in ("note", "compress") if a in self.actions), None)
+        if not plan or hint is None or keep is None or self.used >= self.max_actions:
+            return plan
+        if keep not in self._answered:
+            return [f"{keep}: {hint()}", *plan]
+        if keep == "note" and "recall" in self.actions and len(plan) == 1 and "recall" not in self._answered:
+            return ["recall", *plan]
+        return plan
+
     def on_reset(self, observation: str, info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         self.notes, self.used, self._observation, self._success = [], 0, observation, False
+        self._answered = set()
         return observation, info
 
     def on_step(self, observation: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> StepResult:
@@ -139,6 +163,8 @@ class MemoryActions(Wrapper):
         self.used += 1
         kind, body = parsed
         feedback, valid = _answer(kind, body, self.notes)
+        if valid:
+            self._answered.add(kind)
         info = {"memory": kind, "actions": [], "valid": valid, "success": self._success, "reward_components": {}}
         return f"{feedback}\n{self._observation}", 0.0, False, False, info
 

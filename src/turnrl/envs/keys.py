@@ -123,6 +123,11 @@ class KeysAndDoors(Env):
         (:meth:`turnrl.agent.memory.MemoryActions.examples`): ``"code green"``."""
         return f"code {EXAMPLE_CODE}"
 
+    def oracle_note(self) -> str:
+        """What an oracle keeps in memory for this task (:meth:`turnrl.agent.memory.MemoryActions.solve`):
+        ``"code <colour>"``, as :meth:`example_note` is for the examples."""
+        return f"code {self.code}"
+
     def render(self) -> str:
         if self.room == self.rooms:
             return "You stand at the vault door. What is its code colour?"
