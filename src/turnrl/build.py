@@ -522,13 +522,16 @@ def _served_collector(cfg: Config, engine: Engine, tokenizer, tasks: TaskSplit) 
 
 
 def _learner(cfg: Config, model, pad_id: int, ref, critic: Critic | None) -> Learner:
-    """The learner; with ``scale.learner_ranks > 1`` the data-parallel one (:mod:`turnrl.scale.distributed`)."""
+    """The learner; with ``scale.learner_ranks > 1`` the data-parallel one (:mod:`turnrl.scale.distributed`), sharded
+    with ``scale.learner_sharding=fsdp`` (:mod:`turnrl.scale.sharded`)."""
     params = LearnerParams.from_config(cfg)
     if cfg.scale.learner_ranks == 1:
         return Learner(model, params, pad_id, ref_model=ref, critic=critic)
     from turnrl.scale.distributed import DataParallelLearner
+    from turnrl.scale.sharded import ShardedLearner
 
-    return DataParallelLearner.spawn(cfg.scale.learner_ranks, cfg.scale.sync_timeout_s, model, params, pad_id, ref, critic)
+    kind = ShardedLearner if cfg.scale.learner_sharding == "fsdp" else DataParallelLearner
+    return kind.spawn(cfg.scale.learner_ranks, cfg.scale.sync_timeout_s, model, params, pad_id, ref, critic)
 
 
 def sampling_params(cfg: Config, greedy: bool = False) -> SamplingParams:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from turnrl.config.section import Section
 
@@ -21,6 +23,11 @@ class ScaleConfig(Section):
         1, ge=1, description="data-parallel learner ranks (torch.distributed on gloo, one gradient all-reduce), each taking a contiguous share "
         "of the micro-batches; 1 = update in the training process"
     )
+    learner_sharding: Literal["none", "fsdp"] = Field(
+        "none", description="with learner_ranks > 1: 'none' replicates the model and optimizer on rank 0 (one "
+        "gradient all-reduce); 'fsdp' shards every decoder layer's parameters, gradients and AdamW state over the "
+        "ranks (FSDP2, turnrl.scale.sharded; exact to the single process)"
+    )
     sync_timeout_s: float = Field(
         120.0, gt=0.0, description="seconds a weight sync to the rollout workers, or a learner all-reduce, may take "
         "before the run stops with an error"
@@ -34,3 +41,10 @@ class ScaleConfig(Section):
         "runs at most this many steps ahead and groups holding an older turn are dropped (rollout/stale_dropped); "
         "0 = no overlap"
     )
+
+    @model_validator(mode="after")
+    def _sharding_needs_ranks(self) -> "ScaleConfig":
+        if self.learner_sharding != "none" and self.learner_ranks < 2:
+            raise ValueError(f"scale.learner_sharding={self.learner_sharding} shards over learner ranks: set "
+                             "scale.learner_ranks=2 or more, or scale.learner_sharding=none")
+        return self

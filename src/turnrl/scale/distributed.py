@@ -75,7 +75,7 @@ class DataParallelLearner(Learner):
         address = f"tcp://127.0.0.1:{_free_port()}"
         blob = pickle.dumps((model, params, pad_id, ref_model))  # a copy each: a rank never shares our storages
         ctx = mp.get_context("spawn")
-        helpers = [ctx.Process(target=_serve, args=(r, ranks, address, timeout_s, blob), daemon=True)
+        helpers = [ctx.Process(target=_serve, args=(cls, r, ranks, address, timeout_s, blob), daemon=True)
                    for r in range(1, ranks)]
         for p in helpers:
             p.start()
@@ -106,6 +106,12 @@ class DataParallelLearner(Learner):
         self._mine = range(self.rank * count // self.world, (self.rank + 1) * count // self.world)
         self._micro_batch, self._epoch = 0, 0
         return super().update(samples, value_batch, demos)
+
+    def serve(self, command: int) -> None:
+        """A helper rank's side of rank 0's ``command`` (here only :data:`WORK`: receive the batch, run the update)."""
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0, group=self.groups.bounded)
+        self.update(box[0])
 
     def _policy_backward(self, batch, num_tokens: float, num_seqs: float, stats, values=None) -> None:
         if self._micro_batch in self._mine:
@@ -163,17 +169,14 @@ class DataParallelLearner(Learner):
             dist.destroy_process_group()
 
 
-def _serve(rank: int, world: int, address: str, timeout_s: float, blob: bytes) -> None:
-    """A helper rank's life: join the group, then run each batch rank 0 sends until it sends None."""
+def _serve(cls: type[DataParallelLearner], rank: int, world: int, address: str, timeout_s: float, blob: bytes) -> None:
+    """A helper rank's life: join the group, build its ``cls`` learner, then serve rank 0's commands until STOP."""
     torch.set_num_threads(1)
     model, params, pad_id, ref_model = pickle.loads(blob)
     groups = _join(rank, world, address, timeout_s)
-    learner = DataParallelLearner(model, params, pad_id, ref_model, rank=rank, world=world, groups=groups,
-                                  timeout_s=timeout_s)
-    while _signal(groups.commands) == WORK:
-        box: list[Any] = [None]
-        dist.broadcast_object_list(box, src=0, group=groups.bounded)
-        learner.update(box[0])
+    learner = cls(model, params, pad_id, ref_model, rank=rank, world=world, groups=groups, timeout_s=timeout_s)
+    while (command := _signal(groups.commands)) != STOP:
+        learner.serve(command)
     dist.destroy_process_group()
 
 
