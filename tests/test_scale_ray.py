@@ -134,3 +134,12 @@ def test_a_stuck_weight_sync_times_out_naming_the_knob(local_and_ray):
 def test_scale_knobs_are_validated():
     with pytest.raises(Exception, match="scale.workers"):
         load_config(None, ["scale.workers=-1"])
+    with pytest.raises(Exception, match="scale.worker_gpus"):
+        load_config(None, ["scale.worker_gpus=-1"])
+
+
+def test_workers_ask_ray_for_gpus_only_when_told():
+    from turnrl.scale.workers import actor_options
+
+    assert actor_options(load_config(None, [])) == {}
+    assert actor_options(load_config(None, ["scale.worker_gpus=0.5", "rollout.engine=vllm"])) == {"num_gpus": 0.5}

@@ -14,6 +14,10 @@ class ScaleConfig(Section):
         0, ge=0, description="rollout workers as Ray actors, each with its own envs and engine (pip install "
         "'turnrl[scale]'); 0 = collect in the training process"
     )
+    worker_gpus: float = Field(
+        0.0, ge=0.0, description="GPUs each rollout worker actor asks Ray for (its engine, e.g. rollout.engine=vllm, "
+        "then runs on them; a fraction packs several workers on one GPU); 0 = CPU workers"
+    )
     env_actors: int = Field(
         0, ge=0, description="Ray actors hosting the envs (turnrl.scale.envpool): env steps run outside the training "
         "process, each new env on the actor with the fewest; env.step_timeout_s bounds each call; 0 = envs in the "

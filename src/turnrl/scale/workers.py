@@ -64,6 +64,11 @@ class RolloutWorker:
         return groups, collector.take_stats()
 
 
+def actor_options(cfg: Config) -> dict[str, Any]:
+    """Ray's resource request for one rollout worker: ``scale.worker_gpus`` GPUs (none on CPU machines)."""
+    return {"num_gpus": cfg.scale.worker_gpus} if cfg.scale.worker_gpus else {}
+
+
 class WorkerPool:
     """``workers`` Ray actors, each a :class:`RolloutWorker`; starts Ray locally unless it is already running
     (``ray.init()`` joins the cluster ``RAY_ADDRESS`` names).
@@ -82,7 +87,7 @@ class WorkerPool:
         self.sync_timeout_s = sync_timeout_s
         self.version = version
         self.restarts = 0
-        self._actor = ray.remote(RolloutWorker)
+        self._actor = ray.remote(RolloutWorker).options(**actor_options(cfg))
         self._model = ray.put(model)  # the model as built; a replacement worker starts from it, then loads _weights
         self._weights: ray.ObjectRef | None = None
         # each worker's engine gets its share of the cluster's cores: torch threads past them spin against each other
