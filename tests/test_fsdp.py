@@ -3,13 +3,14 @@ single-process update, update after update and PPO epoch after epoch; each rank 
 a checkpoint's state resumes it exactly; what it does not support is refused with the fix."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 from turnrl.config import ConfigError, load_config
 from turnrl.learner import Learner
-from turnrl.learner.samples import micro_batches
+from turnrl.learner.samples import collate, micro_batches
 from tests.test_ddp import _assert_close, _params, _samples
 from turnrl.scale.sharded import ShardedLearner
 
@@ -18,10 +19,24 @@ def _spawn(model, params):
     return ShardedLearner.spawn(2, 60.0, copy.deepcopy(model), params, pad_id=0)
 
 
-def test_two_sharded_ranks_give_the_single_process_update_after_update(tiny_model):
+def _long_prefix(samples, n=24):
+    """``samples`` behind a shared prompt of ``n`` more tokens: micro-batches then run it once (``Batch.prefix``)."""
+    head = list(range(100, 100 + n))
+    return [dataclasses.replace(s, input_ids=head + s.input_ids, loss_mask=[0] * n + s.loss_mask,
+                                behaviour_logprobs=[0.0] * n + s.behaviour_logprobs, advantages=[0.0] * n + s.advantages)
+            for s in samples]
+
+
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_two_sharded_ranks_give_the_single_process_update_after_update(tiny_model, shared_prefix):
     params = _params(entropy_coef=0.01, ppo_epochs=2)
     batches = [_samples(5, seed=0), _samples(7, seed=1)]
-    assert len(micro_batches(batches[0], params.micro_batch_tokens)) == 3  # uneven: rank 1 pads with a zero pass
+    if shared_prefix:  # one micro-batch holding every sample behind a long shared prompt: rank 1 runs only a zero pass
+        params = dataclasses.replace(params, micro_batch_tokens=4096)
+        batches = [_long_prefix(b) for b in batches]
+        assert collate(batches[0], 0).prefix and len(micro_batches(batches[0], params.micro_batch_tokens)) == 1
+    else:
+        assert len(micro_batches(batches[0], params.micro_batch_tokens)) == 3  # uneven: rank 0 pads with a zero pass
     single = Learner(copy.deepcopy(tiny_model), params, pad_id=0)
     fsdp = _spawn(tiny_model, params)
     try:

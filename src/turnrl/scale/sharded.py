@@ -44,6 +44,7 @@ in the RL loss (``algo.demo_coef``: rank 0 alone would run their passes, and FSD
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -57,8 +58,9 @@ from torch.distributed.fsdp import fully_shard
 from turnrl.config import ConfigError
 from turnrl.learner import Learner, LearnerParams
 from turnrl.learner.learner import response_logits
-from turnrl.learner.samples import micro_batches
+from turnrl.learner.samples import Batch, micro_batches
 from turnrl.models.freeze import decoder_layers
+from turnrl.models.prefix import positions_from_mask
 from turnrl.scale.distributed import WORK, DataParallelLearner, Groups, _all_reduce_grads, _merge_stats, _signal
 from turnrl.types import TrainSample
 
@@ -110,6 +112,7 @@ class ShardedLearner(DataParallelLearner):
         return metrics
 
     def _policy_backward(self, batch, num_tokens: float, num_seqs: float, stats, values=None) -> None:
+        batch = _unrolled(batch)
         if self._micro_batch in self._mine:
             Learner._policy_backward(self, batch, num_tokens, num_seqs, stats, values)
             self._passes += 1
@@ -204,3 +207,18 @@ class ShardedLearner(DataParallelLearner):
 
 def _is_shard(p: torch.Tensor) -> bool:
     return hasattr(p, "to_local")  # a DTensor: a sharded layer's parameter
+
+
+def _unrolled(batch: Batch) -> Batch:
+    """``batch`` with its shared prefix written into every row instead of run once (the same logits and gradient).
+
+    The shared prefix is a second forward through every layer before the one that computes the logits, both with
+    autograd; FSDP2 reshards a layer after its first backward hook, while the other forward's backward still needs its
+    parameters. One forward per layer per pass keeps FSDP's bookkeeping simple, at the cost of running the prefix once
+    per row.
+    """
+    if not batch.prefix:
+        return batch
+    prefix = torch.tensor(batch.prefix, dtype=batch.ids.dtype).expand(batch.ids.shape[0], -1)
+    return dataclasses.replace(batch, prefix=[], ids=torch.cat([prefix, batch.ids], dim=1),
+                               positions=positions_from_mask(batch.attention))
