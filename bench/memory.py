@@ -116,9 +116,8 @@ def sft_arm(config: Path, overrides: list[str], run_root: Path, rl_steps: int) -
     collector.take_stats()  # count the SFT model's final evaluation only
     run = sft(cfg, components=c)
     prompt_tokens = collector.take_stats().prompt_tokens / run.after["eval/num_tasks"]
-    demo_memory = [sum("memory" in t.info for t in d.turns) for d in _demos(run.run_dir / "demos.jsonl")]
     sft_row = {**summary(run.after), "prompt_tokens_per_episode": prompt_tokens, "demos": run.num_demos,
-               "demo_memory_turns": sum(demo_memory) / max(1, len(demo_memory)), "sft_steps": cfg.sft.steps}
+               "sft_steps": cfg.sft.steps}
     del c
     gc.collect()
     row = {**sft_row, "steps": 0}
@@ -126,12 +125,6 @@ def sft_arm(config: Path, overrides: list[str], run_root: Path, rl_steps: int) -
         row = run_arm(config, [*overrides, f"model.path={run.model_path}", f"train.steps={rl_steps}",
                                "eval.at_start=false"], run_root)
     return {**row, "base": summary(base), "sft": sft_row, "seconds": time.perf_counter() - t0}
-
-
-def _demos(path: Path) -> list:
-    from turnrl.agent.demos import read_demos
-
-    return read_demos(path)
 
 
 def memory_use(groups: list) -> dict[str, Any]:
