@@ -154,6 +154,10 @@ def main() -> int:
     ap.add_argument("--updates", type=int, default=None, help="timed updates per arm after the first (default 2; 1 with --smoke)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads in each arm")
     ap.add_argument("--no-write", action="store_true", help="print only; do not write bench/results/update_speed.json")
+    ap.add_argument("--no-full", action="store_true",
+                    help="skip the full arm (no cosine, no ratios): on a machine without memory for its ~8 GB peak")
+    ap.add_argument("--keep-batch", metavar="PATH",
+                    help="reuse the samples saved at PATH (collect and save them there when it does not exist)")
     ap.add_argument("--arm", choices=list(ARMS), help=argparse.SUPPRESS)  # internal: run one arm
     ap.add_argument("--batch", help=argparse.SUPPRESS)  # internal: the samples file
     ap.add_argument("--grad-file", help=argparse.SUPPRESS)  # internal: where the arm saves its first gradient
@@ -164,10 +168,15 @@ def main() -> int:
     if args.arm:
         return arm(args)
 
-    arms = ["full"] + [a for a in args.arms if a != "full"]
+    arms = ([] if args.no_full else ["full"]) + [a for a in args.arms if a != "full"]
     with tempfile.TemporaryDirectory() as tmp:
-        batch_file = Path(tmp) / "samples.json"
-        batch = default_batch(args.overrides, batch_file)
+        batch_file = Path(args.keep_batch) if args.keep_batch else Path(tmp) / "samples.json"
+        if args.keep_batch and batch_file.exists():
+            saved = json.loads(batch_file.read_text())
+            batch = {"samples": len(saved), "tokens": sum(len(s["input_ids"]) for s in saved),
+                     "trained_tokens": sum(sum(s["loss_mask"]) for s in saved)}
+        else:
+            batch = default_batch(args.overrides, batch_file)
         print(f"batch: {batch}", flush=True)
         results = {}
         for name in arms:
@@ -178,12 +187,12 @@ def main() -> int:
             if out.returncode != 0:
                 raise SystemExit(f"arm {name!r} failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
             results[name] = json.loads(out.stdout.strip().splitlines()[-1])
-            if grad_file.exists() and name != "full":
+            if grad_file.exists() and name != "full" and "full" in results:
                 results[name].update(cosines(Path(tmp) / "full.pt", grad_file))
                 grad_file.unlink()
             print(f"{name}: {results[name]}", flush=True)
 
-    full = results["full"]
+    full = results.get("full") or results[arms[0]]  # --no-full: ratios to the first arm
     for r in results.values():
         r["speed_vs_full"] = full["update_s"] / r["update_s"]
         r["peak_rss_vs_full"] = r["peak_rss_gb"] / full["peak_rss_gb"]
