@@ -7,6 +7,9 @@ library's own path). Each arm runs in a fresh process (peak RSS is per process) 
 - ``single``: :class:`~turnrl.learner.Learner` in one process;
 - ``replicated``: ``scale.learner_ranks=2`` (:mod:`turnrl.scale.distributed`: rank 0 holds the model and AdamW, one
   gradient all-reduce);
+- ``single_unrolled``: one process that writes each micro-batch's shared prefix into every row, as the sharded
+  learner does (:func:`turnrl.scale.sharded._unrolled`): the same computation as ``fsdp`` in one process, so under
+  bf16 autocast the two should agree where ``single`` (prefix run once) differs by bf16 rounding;
 - ``fsdp``: ``scale.learner_ranks=2 scale.learner_sharding=fsdp`` (:mod:`turnrl.scale.sharded`: the decoder layers'
   parameters, gradients and AdamW state split over the ranks).
 
@@ -39,7 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from machine import append_results, write_result  # noqa: E402
 from update_speed import default_batch  # noqa: E402
 
-ARMS = {"single": [], "replicated": ["scale.learner_ranks=2"],
+ARMS = {"single": [], "single_unrolled": [], "replicated": ["scale.learner_ranks=2"],
         "fsdp": ["scale.learner_ranks=2", "scale.learner_sharding=fsdp"]}
 
 
@@ -67,7 +70,15 @@ def arm(args) -> int:
     if wanted(cfg.train.activation_checkpointing, model):
         checkpoint_layers(model)
     params = LearnerParams.from_config(cfg)
-    if cfg.scale.learner_ranks == 1:
+    if args.arm == "single_unrolled":  # one process, each micro-batch's shared prefix in every row, as fsdp runs it
+        from turnrl.scale.sharded import _unrolled
+
+        class Unrolled(Learner):
+            def _policy_backward(self, batch, *rest, **kwargs):
+                return super()._policy_backward(_unrolled(batch), *rest, **kwargs)
+
+        learner = Unrolled(model, params, pad_id=tok.pad_token_id)
+    elif cfg.scale.learner_ranks == 1:
         learner = Learner(model, params, pad_id=tok.pad_token_id)
     else:
         kind = ShardedLearner if cfg.scale.learner_sharding == "fsdp" else DataParallelLearner
@@ -90,17 +101,21 @@ def arm(args) -> int:
     return 0
 
 
-def distance(weights: Path, single: Path, start: dict) -> float:
-    """The largest per-tensor ||w - w_single|| / ||w_single - w_0||: 0 when the arm's update is the single one."""
+def distance(weights: Path, reference: Path, start: dict) -> dict[str, float]:
+    """How far the arm's weights are from ``reference``'s after the same updates, relative to the reference's change:
+    the largest per-tensor ||w - w_ref|| / ||w_ref - w_0|| (``worst``) and the same over all parameters at once
+    (``overall``). Both 0 when the arm's update is the reference's."""
     import torch
 
-    a, b = torch.load(weights), torch.load(single)
-    worst = 0.0
+    a, b = torch.load(weights), torch.load(reference)
+    worst, diff, change = 0.0, 0.0, 0.0
     for n, w in b.items():
-        change = float((w.double() - start[n].double()).norm())
-        if change > 0:
-            worst = max(worst, float((a[n].double() - w.double()).norm()) / change)
-    return worst
+        c = float((w.double() - start[n].double()).norm())
+        d = float((a[n].double() - w.double()).norm())
+        diff, change = diff + d * d, change + c * c
+        if c > 0:
+            worst = max(worst, d / c)
+    return {"worst": worst, "overall": (diff / change) ** 0.5 if change else 0.0}
 
 
 def main() -> int:
@@ -144,15 +159,19 @@ def main() -> int:
         print(name, rows[name], flush=True)
     for name in ARMS:
         rows[name]["weight_distance_to_single"] = distance(tmp / f"{name}.pt", tmp / "single.pt", start)
+    rows["fsdp"]["weight_distance_to_single_unrolled"] = distance(tmp / "fsdp.pt", tmp / "single_unrolled.pt", start)
     shutil.rmtree(tmp)  # metrics are kept, weights are not
     single = rows["single"]
     lines = ["| arm | rank 0 peak RSS GB | helper rank peak RSS GB | s per update | vs single | first update s | "
-             "weight distance to single |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "weight distance to single: worst tensor / overall |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in rows.items():
         helper = f"{r['helper_peak_rss_gb']:.2f}" if r["helper_peak_rss_gb"] is not None else "-"
         lines.append(f"| {name} | {r['rank0_peak_rss_gb']:.2f} | {helper} | {r['update_s']:.1f} | "
                      f"{r['update_s'] / single['update_s']:.2f}x | {r['first_update_s']:.1f} | "
-                     f"{r['weight_distance_to_single']:.1e} |")
+                     f"{r['weight_distance_to_single']['worst']:.1e} / {r['weight_distance_to_single']['overall']:.1e} |")
+    unrolled = rows["fsdp"]["weight_distance_to_single_unrolled"]
+    lines += ["", f"fsdp against single_unrolled (the same layout in one process): worst tensor {unrolled['worst']:.1e}, "
+              f"overall {unrolled['overall']:.1e}."]
     print("\n".join(lines))
     if not args.no_write:
         command = " ".join(["python bench/sharded_learner.py", f"--updates {args.updates}", *args.overrides])

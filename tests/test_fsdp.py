@@ -119,3 +119,24 @@ def test_a_sharded_training_run_matches_one_rank_and_resumes_exactly(tmp_path, t
             assert r[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
     with pytest.raises(ConfigError, match="scale.learner_ranks=2 or more"):
         load_config(None, ["scale.learner_sharding=fsdp"])
+
+
+def test_under_bf16_autocast_the_sharded_update_is_the_single_process_one_on_the_unrolled_layout(tiny_model):
+    """In bf16 running a shared prefix once (the single process) or in every row (the sharded learner) rounds
+    differently; on the same layout the two updates agree to fp32 noise."""
+    from turnrl.scale.sharded import _unrolled
+
+    class Unrolled(Learner):
+        def _policy_backward(self, batch, *rest, **kwargs):
+            return super()._policy_backward(_unrolled(batch), *rest, **kwargs)
+
+    params = dataclasses.replace(_params(), micro_batch_tokens=4096, autocast_bf16=True)
+    samples = _long_prefix(_samples(7, seed=1))
+    single = Unrolled(copy.deepcopy(tiny_model), params, pad_id=0)
+    fsdp = _spawn(tiny_model, params)
+    try:
+        single.update(samples)
+        fsdp.update(samples)
+        _assert_close(list(fsdp.published.parameters()), list(single.model.parameters()), 1e-6)
+    finally:
+        fsdp.close()
