@@ -13,9 +13,14 @@ Two choices follow from how turnrl's learner runs the model, and both are delibe
   SmolLM2-135M's parameters) stay replicated on every rank, their gradient summed by one all-reduce, their AdamW
   state stepped identically everywhere.
 - ``reshard_after_forward=False``: a layer's parameters are gathered at a micro-batch's first forward and freed after
-  its backward (ZeRO-2 within a micro-batch). A micro-batch may run extra forwards (the shared prefix, the
-  ``train.prompt_grad=false`` context, activation checkpointing's recomputation) that another rank's does not; with
-  the parameters still gathered they issue no collective, so every rank issues the same collectives.
+  its backward (ZeRO-2 within a micro-batch). A micro-batch may run extra forwards (the ``train.prompt_grad=false``
+  context, activation checkpointing's recomputation) that another rank's does not; with the parameters still
+  gathered they issue no collective, so every rank issues the same collectives.
+- The shared prefix of a micro-batch is written into every row (:func:`_unrolled`) instead of run once: run once,
+  it is a second forward with autograd through every layer, and FSDP2 reshards a layer after the first of its two
+  backward passes while the other still needs its parameters. The same logits in exact arithmetic, but more work and
+  activation memory per row, and under bf16 autocast a different rounding (tests/test_fsdp.py checks the sharded
+  update against one process on the same layout; bench/sharded_learner.py measures the cost).
 
 What each update computes is the single-process update:
 
