@@ -545,17 +545,20 @@ class Learner:
             state["critic"] = self.critic.state_dict()
         return state
 
+    def _configured_lr(self) -> None:
+        """After loading a schedule: the configured rate wins over the checkpoint's (a resumed run may change train.lr;
+        an unchanged rate sets the same values, so resume stays exact); the critic's group keeps its own rate."""
+        group = self.optimizer.param_groups[0]
+        self.scheduler.base_lrs[0] = group["initial_lr"] = self.params.lr
+        group["lr"] = self.params.lr * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         if self._fused:  # a checkpoint's groups carry the implementation they were saved with (foreach before fused)
             for group in self.optimizer.param_groups:
                 group.update(fused=True, foreach=None)
         self.scheduler.load_state_dict(state["scheduler"])
-        # the configured rate wins over the checkpoint's: a resumed run may change train.lr (an unchanged rate sets
-        # the same values, so resume stays exact); the critic's group keeps its own rate
-        group = self.optimizer.param_groups[0]
-        self.scheduler.base_lrs[0] = group["initial_lr"] = self.params.lr
-        group["lr"] = self.params.lr * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        self._configured_lr()
         if self.critic is not None:
             if "critic" not in state:
                 raise ValueError("the checkpoint has no critic state but algo.critic is set; resume with the run's own config")

@@ -205,9 +205,7 @@ class ShardedLearner(DataParallelLearner):
         set_optimizer_state_dict(self.model, self.optimizer, {} if state is None else state["optimizer_full"],
                                  options=FROM_RANK0)
         self.scheduler.load_state_dict(box[0])
-        group = self.optimizer.param_groups[0]  # the configured rate wins, as in Learner.load_state_dict
-        self.scheduler.base_lrs[0] = group["initial_lr"] = self.params.lr
-        group["lr"] = self.params.lr * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        self._configured_lr()
 
 
 def _is_shard(p: torch.Tensor) -> bool:
