@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 from turnrl.envs import check_env, make
 from turnrl.envs.keys import COLOURS, KeysAndDoors
 
@@ -76,3 +78,18 @@ def test_baselines_have_a_rule_and_an_oracle_for_it():
     red = codes.count("red")
     assert success["oracle"] == 30 and success["random"] < 30
     assert 0 < red < 30 and success["rule"] == red  # it always reaches the door; its fixed guess is right for red only
+
+
+@pytest.mark.parametrize("rooms", [0, 65])
+def test_rooms_outside_one_to_sixty_four_are_refused_with_the_range(rooms):
+    with pytest.raises(ValueError, match="between 1 and 64"):
+        KeysAndDoors(rooms=rooms)
+
+
+def test_a_sixty_four_room_walk_is_solved_by_the_plan():
+    env = KeysAndDoors(rooms=64)
+    env.reset(seed=5)
+    plan = env.solve()
+    for action in plan:
+        obs, reward, terminated, _, info = env.step(action)
+    assert len(plan) == 65 and terminated and info["success"] and reward == 1.0

@@ -3,6 +3,7 @@ env, the context drops the oldest turns exactly past its budget and a summary re
 prompt_ids are exactly what the engine was given."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,8 @@ from turnrl.learner import build_samples
 from turnrl.monitor.records import write_trajectories
 from turnrl.monitor.report import load_report_data
 from turnrl.rollout import Collector
+
+ROOT = Path(__file__).resolve().parents[1]
 from turnrl.types import Advantages, Termination
 
 
@@ -237,3 +240,34 @@ def test_the_memory_oracle_notes_the_code_first_and_recalls_it_at_the_door(token
             assert responses[0] == f"{expected[0]}: code {colour}"
         if "recall" in expected:  # the recall's reply, in the door turn's prompt, carries the code
             assert f"Your notes: code {colour}." in tokenizer.decode(demo.turns[-1].prompt_ids)
+
+
+def _engine_prompt_tokens(traj, full: bool) -> int:
+    """The prompt tokens the engine was given over ``traj``: under ``full`` each turn's ``prompt_ids`` are only the ids
+    appended since the last response, so the engine's prompt is the running conversation; otherwise the whole prompt."""
+    total = context = 0
+    for turn in traj.turns:
+        context = context + len(turn.prompt_ids) if full else len(turn.prompt_ids)
+        total += context
+        context += len(turn.response_ids) if full else 0
+    return total
+
+
+def test_the_long_memory_recipe_keeps_the_code_at_under_a_third_of_full_contexts_prompt_tokens(tokenizer, tiny_model):
+    """configs/memory_long.yaml (20 rooms, 192-token budget): the oracle that notes the code and recalls it is given
+    at most a third of the prompt tokens the full-context oracle is, and its door turn sees the code only through the
+    recall (the first observation was dropped long before)."""
+    from turnrl.sft import oracle_demos
+
+    tiny = ["rollout.engine=hf", "model.autocast_bf16=false", "rollout.tasks_per_step=2", "eval.num_tasks=2"]
+    tokens = {}
+    for arm, extra in {"memory": [], "full": ["memory.actions=[]", "rollout.context=full"]}.items():
+        cfg = load_config(ROOT / "configs" / "memory_long.yaml", [*tiny, *extra])
+        demos = oracle_demos(build(cfg, model=tiny_model, tokenizer=tokenizer), 2)
+        assert len(demos) == 2 and all(d.success and len(d.turns) >= 21 for d in demos)
+        tokens[arm] = sum(_engine_prompt_tokens(d, arm == "full") for d in demos)
+        if arm == "memory":
+            for demo in demos:
+                door = tokenizer.decode(demo.turns[-1].prompt_ids)
+                assert "vault door's code colour is" not in door and "Your notes: code " in door
+    assert tokens["memory"] <= tokens["full"] / 3, tokens

@@ -46,7 +46,7 @@ class KeysAndDoors(Env):
     """Remember the vault's code colour through ``rooms`` rooms, then say it at the door (see the module docstring).
 
     Args:
-        rooms: how many rooms lie between the start and the vault door (1 to 12).
+        rooms: how many rooms lie between the start and the vault door (1 to 64).
     """
 
     instructions = (
@@ -55,8 +55,8 @@ class KeysAndDoors(Env):
     )
 
     def __init__(self, rooms: int = 6) -> None:
-        if not 1 <= rooms <= 12:
-            raise ValueError(f"rooms={rooms} must be between 1 and 12")
+        if not 1 <= rooms <= 64:
+            raise ValueError(f"rooms={rooms} must be between 1 and 64")
         self.rooms = rooms
         self.code = COLOURS[0]
         self.open: list[str] = []
