@@ -8,11 +8,14 @@ same held-out tasks (distinct by task key; training skips them):
 - ``full_context``: ``rollout.context=full``, no budget (the ceiling);
 - ``memory_actions``: the budgeted context with ``note``/``recall``/``compress`` (the config as shipped).
 
-``experience`` (retrieval on/off) is null: the experience library (issue 20 items 3-4) is another part of the
-project and not wired in here. Beside the arms, on the same tasks: uniform random, the best memoryless rule and the
-oracle (``bench/baselines.py``), and each arm's untrained model (its step-0 evaluation). ``prompt_tokens_*`` are
-the prompt tokens the engine was given per held-out episode in the arm's final evaluation (the last collection on
-its collector). Every success has its 95% Wilson interval over the distinct tasks.
+``experience`` (retrieval on/off) is measured by ``bench/experience.py`` (another recipe: it needs RL that learns),
+which copies its summary into memory.json's ``experience`` field; a rewrite here keeps that field. Beside the arms,
+on the same tasks: uniform random, the best memoryless rule and the oracle (``bench/baselines.py``), and each arm's
+untrained model (its step-0 evaluation). ``prompt_tokens_*`` are the prompt tokens the engine was given per held-out
+episode in the arm's final evaluation (the last collection on its collector). Every success has its 95% Wilson
+interval over the distinct tasks.
+
+    python bench/memory.py -c configs/memory_long.yaml --sft --rl-steps 0 train.threads=1  # 20 rooms, 192 tokens
 
     python bench/memory.py --smoke            # 1 step, 2 tasks x 2, 4 held-out tasks, 2 rooms: runs end to end
     python bench/memory.py                    # the config's budget (40 steps, 4 tasks x 8, 64 held-out tasks)
@@ -69,6 +72,12 @@ SMOKE = ["train.steps=1", "rollout.tasks_per_step=2", "rollout.group_size=2", "e
          "env.max_turns=5"]
 QUIET = ["eval.at_start=true", "eval.every=0", "log.progress=false", "log.report=false", "log.tensorboard=false",
          "log.checkpoint_every=0", "log.checkpoint_at_end=false"]
+
+
+def previous_experience() -> dict[str, Any] | None:
+    """The ``experience`` field bench/experience.py linked into bench/results/memory.json, kept across rewrites."""
+    path = ROOT / "bench" / "results" / "memory.json"
+    return json.loads(path.read_text()).get("experience") if path.exists() else None
 
 
 def memory_turn_rate(run_dir: Path) -> float:
@@ -249,7 +258,7 @@ def main() -> int:
         "config": str(args.config), "overrides": args.overrides, "smoke": args.smoke, "env": cfg.env.id,
         "budget_tokens": cfg.rollout.budget_tokens, "start": "sft" if args.sft else "base", "steps": steps,
         "truncation": arm("truncation"), "full_context": arm("full_context"), "memory_actions": arm("memory_actions"),
-        "experience": None,
+        "experience": previous_experience(),
         "prompt_tokens_full": (arm("full_context") or {}).get("prompt_tokens_per_episode"),
         "prompt_tokens_memory": (arm("memory_actions") or {}).get("prompt_tokens_per_episode"),
         "distinct_eval_tasks": baselines["oracle"]["distinct_tasks"], "baselines": baselines,

@@ -196,3 +196,23 @@ def test_the_bench_counts_steps_to_the_off_arms_final_success():
     assert never["steps_on"] is None and never["steps_ratio"] is None
     flat = compare(on, curve((0, 0.2), (5, 0.2), (10, 0.0), (15, 0.2)))  # the off arm learned nothing: nothing to reach
     assert not flat["off_learned"] and flat["steps_ratio"] is None
+
+
+def test_the_bench_links_a_full_runs_summary_into_memory_json_and_leaves_the_rest(tmp_path, monkeypatch):
+    import json
+
+    bench = bench_module()
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    assert bench.link_into_memory() is None  # nothing to link yet
+    memory = {"env": "keys-v0", "memory_actions": {"success": 1.0}, "experience": None}
+    (tmp_path / "memory.json").write_text(json.dumps(memory))
+    run = {"command": "python bench/experience.py", "date": "d", "commit": "c", "env": "frozenlake-v0", "budget": "smoke",
+           "steps_ratio": 0.5, "curve_on": [{"step": 0}]}
+    (tmp_path / "experience.json").write_text(json.dumps(run))
+    assert bench.link_into_memory() is None  # a smoke run is not a measurement
+    (tmp_path / "experience.json").write_text(json.dumps(run | {"budget": "full"}))
+    assert bench.link_into_memory() == tmp_path / "memory.json"
+    linked = json.loads((tmp_path / "memory.json").read_text())
+    assert linked["memory_actions"] == {"success": 1.0} and linked["env"] == "keys-v0"
+    assert linked["experience"]["steps_ratio"] == 0.5 and linked["experience"]["env"] == "frozenlake-v0"
+    assert linked["experience"]["source"]["command"] == "python bench/experience.py" and "curve_on" not in linked["experience"]
