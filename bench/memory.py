@@ -25,8 +25,9 @@ interval over the distinct tasks.
 reinforce. With ``--sft`` every arm first fine-tunes on oracle demonstrations of training tasks rendered in the
 arm's own context (``sft.*``: 64 demonstrations, 50 steps by default): the memory arm's oracle notes the code
 first and recalls it at the door (``MemoryActions.solve``); the truncation arm's says the code at the door from a
-context that may have dropped it; the full-context arm's reads it from the first observation. Each row then
-has the untrained model's and the SFT model's held-out success beside the final one.
+context that may have dropped it; the full-context arm's reads it from the first observation, in batches of whole
+episodes holding about as many turns as the others' batches (:func:`sft_batch`). Each row then has the untrained
+model's and the SFT model's held-out success beside the final one.
 
 writes ``bench/results/memory.json`` (``memory_smoke.json`` with ``--smoke``).
 
@@ -136,6 +137,17 @@ def sft_arm(config: Path, overrides: list[str], run_root: Path, rl_steps: int) -
     return {**row, "base": summary(base), "sft": sft_row, "seconds": time.perf_counter() - t0}
 
 
+def sft_batch(cfg, arm: str) -> list[str]:
+    """The full-context arm's ``sft.batch_size``: a sample there is a whole episode (``rooms`` + 1 turns), elsewhere
+    one turn, so its batch is the budgeted arms' divided by the turns of an episode (at least 1). Every arm's SFT
+    step then trains on about the same number of demonstrated turns, and sees each about as often (at 20 rooms the
+    shipped batch of 16 episodes made a full-context step 21x the turns and ~150 s on one thread)."""
+    if arm != "full_context":
+        return []
+    turns = cfg.env.kwargs.get("rooms", 6) + 1
+    return [f"sft.batch_size={max(1, round(cfg.sft.batch_size / turns))}"]
+
+
 def memory_use(groups: list) -> dict[str, Any]:
     """Of the episodes in ``groups``: the share that used each memory action (and any) at least once, and the 95%
     Wilson interval of "any" over the distinct tasks (each task counted once, at its episodes' mean)."""
@@ -235,7 +247,8 @@ def main() -> int:
     try:
         if args.sft:
             rl_steps = cfg.train.steps if args.rl_steps is None else args.rl_steps
-            arms = {name: sft_arm(args.config, [*common, *ARMS[name]], run_root, rl_steps) for name in args.arms}
+            arms = {name: sft_arm(args.config, [*common, *ARMS[name], *sft_batch(cfg, name)], run_root, rl_steps)
+                    for name in args.arms}
         else:
             arms = {name: run_arm(args.config, [*common, *ARMS[name]], run_root) for name in args.arms}
     finally:

@@ -271,3 +271,18 @@ def test_the_long_memory_recipe_keeps_the_code_at_under_a_third_of_full_contexts
                 door = tokenizer.decode(demo.turns[-1].prompt_ids)
                 assert "vault door's code colour is" not in door and "Your notes: code " in door
     assert tokens["memory"] <= tokens["full"] / 3, tokens
+
+
+def test_the_memory_bench_gives_the_full_context_arm_batches_of_as_many_turns():
+    """bench/memory.py --sft: a full-context sample is a whole episode, so its SFT batch is divided by the turns."""
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("memory_bench", ROOT / "bench" / "memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    long_ = load_config(ROOT / "configs" / "memory_long.yaml")  # 20 rooms: 21 turns, 16 / 21 -> 1 episode
+    assert bench.sft_batch(long_, "full_context") == ["sft.batch_size=1"]
+    assert bench.sft_batch(load_config(ROOT / "configs" / "memory.yaml"), "full_context") == ["sft.batch_size=2"]
+    assert bench.sft_batch(long_, "memory_actions") == bench.sft_batch(long_, "truncation") == []
