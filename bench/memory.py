@@ -276,7 +276,10 @@ def main() -> int:
         "prompt_tokens_memory": (arm("memory_actions") or {}).get("prompt_tokens_per_episode"),
         "distinct_eval_tasks": baselines["oracle"]["distinct_tasks"], "baselines": baselines,
     })
-    command = " ".join(["python bench/memory.py", *(["--smoke"] if args.smoke else []), *(["--sft"] if args.sft else []),
+    config_path = args.config.resolve()
+    config = [] if config_path == ROOT / "configs" / "memory.yaml" else [
+        "-c", str(config_path.relative_to(ROOT) if config_path.is_relative_to(ROOT) else config_path)]
+    command = " ".join(["python bench/memory.py", *config, *(["--smoke"] if args.smoke else []), *(["--sft"] if args.sft else []),
                         *([f"--rl-steps {args.rl_steps}"] if args.rl_steps is not None else []),
                         *(["--arms", *args.arms] if args.arms != list(ARMS) else []), *args.overrides])
     smoke = " (smoke)" if args.smoke else ""
