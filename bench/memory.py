@@ -144,7 +144,9 @@ def sft_batch(cfg, arm: str) -> list[str]:
     shipped batch of 16 episodes made a full-context step 21x the turns and ~150 s on one thread)."""
     if arm != "full_context":
         return []
-    turns = cfg.env.kwargs.get("rooms", 6) + 1
+    from turnrl.envs.keys import KeysAndDoors
+
+    turns = cfg.env.kwargs.get("rooms", KeysAndDoors().rooms) + 1
     return [f"sft.batch_size={max(1, round(cfg.sft.batch_size / turns))}"]
 
 
