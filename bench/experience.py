@@ -13,9 +13,10 @@ training task; at evaluation the library is read, never written. Printed and wri
 - beside them, on the same held-out tasks: uniform random, the best simple fixed rule, the oracle
   (``bench/baselines.py``, computed in this invocation) and the base model (the off arm's step-0 evaluation).
 
-The default env is FrozenLake with the neighbour hint (configs/default.yaml). Its anchor holds the map, and held-out
-maps are never training maps, so at evaluation an anchor key can only match by similarity; the on arm therefore
-looks records up by the observation (``--key observation``, whose hint line repeats across maps).
+The default env is FrozenLake with the neighbour hint (configs/default.yaml). Its anchor and its observation hold the
+map, and held-out maps are never training maps, so at evaluation neither can match exactly; the on arm therefore looks
+records up by the env's situation (``--key situation``: the neighbour cells and the goal's direction, which recur
+across maps). ``--parallel`` trains the two arms at once in two processes (on a machine with a core per arm).
 
     python bench/experience.py --smoke            # end-to-end check: 2 steps, 2 tasks x 2, 4 held-out tasks
     python bench/experience.py                    # the full budget: configs/default.yaml's 40 steps, 64 held-out tasks
@@ -70,6 +71,18 @@ def run_arm(args, retrieve: bool) -> list[dict]:
             for r in rows if "eval/success_rate" in r]
 
 
+def run_arms(args) -> tuple[list[dict], list[dict]]:
+    """The off and on arms' curves: one after the other, or with ``--parallel`` in two spawned processes at once."""
+    if not args.parallel:
+        return run_arm(args, retrieve=False), run_arm(args, retrieve=True)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        off, on = pool.submit(run_arm, args, False), pool.submit(run_arm, args, True)
+        return off.result(), on.result()
+
+
 def first_reaching(curve: list[dict], level: float) -> int | None:
     """The first evaluation step after 0 whose success is at least ``level``."""
     return next((r["step"] for r in curve if r["step"] > 0 and r["success"] >= level), None)
@@ -122,7 +135,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-c", "--config", type=Path, default=ROOT / "configs" / "default.yaml")
     ap.add_argument("--smoke", action="store_true", help="the reduced budget: " + " ".join(SMOKE))
-    ap.add_argument("--key", choices=["anchor", "observation"], default="observation", help="experience.key of the on arm")
+    ap.add_argument("--key", choices=["anchor", "situation", "observation"], default="situation",
+                    help="experience.key of the on arm")
+    ap.add_argument("--parallel", action="store_true", help="train the two arms at once, each in its own process")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "experience_bench")
     ap.add_argument("--link-only", action="store_true",
                     help="train nothing: copy bench/results/experience.json's summary into memory.json's experience field")
@@ -136,7 +151,7 @@ def main() -> int:
     from turnrl.models import load_tokenizer
 
     t0 = time.perf_counter()
-    off, on = run_arm(args, retrieve=False), run_arm(args, retrieve=True)
+    off, on = run_arms(args)
     cfg = arm_config(args, retrieve=False)
     baselines = measure(cfg, tokenizer=load_tokenizer(cfg.model.path))
     fields = {"env": cfg.env.id, **compare(on, off), "distinct_eval_tasks": off[0]["distinct_tasks"],

@@ -89,6 +89,24 @@ def test_observation_keys_look_up_by_the_raw_observation():
     assert info["experience"]["key"] == obs  # nothing stored yet: the observation is unchanged
 
 
+def test_situation_keys_match_across_maps():
+    """A record stored on one map is found exactly on another map where the agent faces the same cells and goal."""
+    library = ExperienceLibrary(key="situation", min_similarity=1.0)
+    trained = ExperienceRetrieval(make("frozenlake-v0", desc=MAP), library)
+    _, info = trained.reset(seed=0)
+    assert info["experience"]["key"] == "Left: wall, Down: frozen, Right: frozen, Up: wall; goal down-right"
+    library.add([record(info["experience"]["key"], "Down")], version=0)
+    unseen = ExperienceRetrieval(make("frozenlake-v0", desc=["SFF", "FFF", "FHG"]), library)
+    obs, info = unseen.reset(seed=0)
+    assert info["experience"]["exact"] == 1 and obs.endswith("1 in this exact state): Down led to reward +0.20, "
+                                                             "solved 1/1, advantage +0.50.")
+
+
+def test_an_env_without_a_situation_names_the_keys_it_can_use():
+    with pytest.raises(TypeError, match="NoAnchor has no situation\\(\\).*experience.key=observation"):
+        ExperienceRetrieval(NoAnchor(), ExperienceLibrary(key="situation")).reset(seed=0)
+
+
 def credited_batch() -> tuple[list[TrajectoryGroup], Advantages]:
     def turn(key: str | None, actions: list[str], reward: float) -> Turn:
         info = {"experience": {"key": key, "retrieved": 1 if key == "a" else 0, "exact": 1 if key == "a" else 0,

@@ -160,6 +160,21 @@ def test_spaced_grid_and_goal_line():
         FrozenLake(grid="fancy")
 
 
+def test_the_situation_names_neighbours_and_goal_direction_and_no_map():
+    env = FrozenLake(map_name="4x4", show_hints=False)  # the situation does not depend on what is shown
+    env.reset(seed=0)
+    assert env.situation() == "Left: wall, Down: frozen, Right: frozen, Up: wall; goal down-right"
+    other = FrozenLake(desc=["FFHF", "FFFF", "SFFF", "FFFG"])  # the map's far cells are in no key
+    other.reset(seed=0)
+    other.step("Down")
+    assert other.situation() == "Left: wall, Down: wall, Right: frozen, Up: frozen; goal right"
+    corner = FrozenLake(desc=["GS"])
+    corner.reset()
+    assert corner.situation() == "Left: goal, Down: wall, Right: wall, Up: wall; goal left"
+    corner.step("Left")
+    assert corner.situation().endswith("; goal here")
+
+
 def test_anchor_is_the_state_without_history():
     env = FrozenLake(map_name="4x4")
     env.reset(seed=0)

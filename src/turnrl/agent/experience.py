@@ -12,7 +12,9 @@ observation as one short block::
 ``top_k``, records of other keys follow, most similar first, if their token-set Jaccard similarity to the current key
 is at least ``min_similarity``. A key's token set is its lower-cased words plus its adjacent word pairs, so
 ``Left: hole`` and ``Left: frozen`` differ in a pair, not only in a word. The key is the env's anchor state
-(``key="anchor"``, what GiGPO groups by) or the raw observation (``key="observation"``).
+(``key="anchor"``, what GiGPO groups by), its situation (``key="situation"``: what the agent faces in terms that recur
+across tasks, ``Env.situation``) or the raw observation (``key="observation"``). Anchors and observations usually name
+the task (a FrozenLake anchor holds the map), so on tasks unlike any trained on only the situation can match exactly.
 
 **Bounded and versioned**: at most ``max_records`` records (the oldest are evicted first), and a record sampled more
 than ``max_age`` policy versions before the current one is dropped at the next store.
@@ -40,7 +42,7 @@ from turnrl.envs.base import Env
 from turnrl.envs.wrappers import StepResult, Wrapper
 from turnrl.types import Advantages, Termination, Trajectory, TrajectoryGroup
 
-KeyKind = Literal["anchor", "observation"]
+KeyKind = Literal["anchor", "situation", "observation"]
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ class ExperienceLibrary:
         max_age: a record with ``version < current - max_age`` is dropped when a newer batch is stored.
         top_k: records :meth:`nearest` returns at most.
         min_similarity: the smallest Jaccard similarity of a non-exact key whose records may be returned.
-        key: ``"anchor"`` or ``"observation"``: what :class:`ExperienceRetrieval` looks records up by.
+        key: ``"anchor"``, ``"situation"`` or ``"observation"``: what :class:`ExperienceRetrieval` looks records up by.
     """
 
     def __init__(self, max_records: int = 2048, max_age: int = 4, top_k: int = 3, min_similarity: float = 0.5,
@@ -216,11 +218,13 @@ class ExperienceRetrieval(Wrapper):
     def _key(self, observation: str) -> str:
         if self.library.key == "observation":  # with SkillActions inside, its changing skill list is no part of the key
             return getattr(self.env, "env_observation", observation)
+        kind = self.library.key
         try:
-            return self.env.anchor()
+            return self.env.situation() if kind == "situation" else self.env.anchor()
         except NotImplementedError:
-            raise TypeError(f"{type(self.env.unwrapped).__name__} has no anchor(), so experience cannot be looked up "
-                            "by state; set experience.key=observation") from None
+            raise TypeError(f"{type(self.env.unwrapped).__name__} has no {kind}(), so experience cannot be looked up "
+                            f"by it; set experience.key=observation (or {'anchor' if kind == 'situation' else 'situation'}"
+                            " if the env defines it)") from None
 
 
 # ---------------------------------------------------------------------------------------------- wiring

@@ -15,9 +15,10 @@ class ExperienceConfig(Section):
         False, description="experience library: store every trained turn (state key, action, reward, episode success, "
         "advantage) after credit, and append the nearest stored records to each observation"
     )
-    key: Literal["anchor", "observation"] = Field(
-        "anchor", description="what a record is stored and looked up under: the env's anchor state (GiGPO's key) or "
-        "the observation text (for envs whose anchors never repeat across tasks)"
+    key: Literal["anchor", "situation", "observation"] = Field(
+        "anchor", description="what a record is stored and looked up under: the env's anchor state (GiGPO's key), its "
+        "situation (what the agent faces in terms that recur across tasks, e.g. FrozenLake's neighbour cells and goal "
+        "direction) or the observation text"
     )
     top_k: int = Field(3, ge=1, description="records retrieved per observation: exact key matches first, then the "
                                             "most similar keys")

@@ -96,6 +96,12 @@ class Env:
         """A hashable key of the current state without history (GiGPO groups steps by it)."""
         raise NotImplementedError
 
+    def situation(self) -> str:
+        """What the agent faces now in terms that recur across tasks (on a map: the cells next to it and the goal's
+        rough direction), unlike :meth:`anchor`, which names the task too. The experience library can look records up
+        by it (``experience.key=situation``) so that what was learned on training tasks is found on unseen ones."""
+        raise NotImplementedError
+
     def task_key(self) -> str:
         """What makes two tasks the same (see the module docstring); the same for the whole episode.
 

@@ -196,6 +196,11 @@ class FrozenLake(Env):
         """``"<rows joined by />@<row>,<col>"``: the map and the player's position."""
         return "/".join(self.desc) + f"@{self.pos[0]},{self.pos[1]}"
 
+    def situation(self) -> str:
+        """``"Left: frozen, Down: hole, Right: wall, Up: frozen; goal down-right"``: the neighbour cells (as the hint
+        line names them, shown or not) and the nearest goal's direction, with no map or position."""
+        return f"{_neighbours(self.desc, self.pos)}; goal {_goal_direction(self.desc, self.pos)}"
+
     def task_key(self) -> str:
         """The map's rows joined by ``/`` (the layout with its start and goals): seeds that draw the same map
         are the same task."""
@@ -231,14 +236,25 @@ class FrozenLake(Env):
         elif cell == "H":
             lines.append("You fell into a hole.")
         elif self.show_hints:
-            around = []
-            for action in ACTIONS:
-                nxt = move(desc, pos, action)
-                around.append(f"{action}: {'wall' if nxt == pos else _CELL_NAMES[desc[nxt[0]][nxt[1]]]}")
-            lines.append(", ".join(around))
+            lines.append(_neighbours(desc, pos))
         if self.show_goal and cell not in "GH":
             lines.append(f"Goal: {_direction_to_goal(desc, pos)}")
         return "\n".join(lines)
+
+
+def _neighbours(desc: list[str], pos: Pos) -> str:
+    """The hint line: ``"Left: frozen, Down: hole, Right: wall, Up: frozen"``."""
+    around = []
+    for action in ACTIONS:
+        nxt = move(desc, pos, action)
+        around.append(f"{action}: {'wall' if nxt == pos else _CELL_NAMES[desc[nxt[0]][nxt[1]]]}")
+    return ", ".join(around)
+
+
+def _goal_direction(desc: list[str], pos: Pos) -> str:
+    """``"down-right"``, ``"up"``, ``"here"``: the signs of :func:`_direction_to_goal`'s offsets."""
+    offsets = _direction_to_goal(desc, pos)
+    return "-".join(part.split()[1] for part in offsets.split(", ")) if offsets else "here"
 
 
 def _direction_to_goal(desc: list[str], pos: Pos) -> str:

@@ -58,6 +58,9 @@ class Wrapper(Env):
     def anchor(self) -> str:
         return self.env.anchor()
 
+    def situation(self) -> str:
+        return self.env.situation()
+
     def task_key(self) -> str:
         return self.env.task_key()
 
