@@ -314,9 +314,15 @@ class _KeyIsNotText(Counter):
         return self.n
 
 
+class _SituationIsNotText(Counter):
+    def situation(self):
+        return self.n
+
+
 @pytest.mark.parametrize("env, message", [
     (_KeyFollowsState(), "task_key\\(\\) changed during the episode"),
     (_KeyIsNotText(), "task_key\\(\\) returned a int"),
+    (_SituationIsNotText(), "situation\\(\\) returned a int"),
 ])
 def test_check_env_checks_the_task_key(env, message):
     with pytest.raises(EnvCheckError, match=message):

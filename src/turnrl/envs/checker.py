@@ -115,6 +115,19 @@ class _Probe:
         _require(isinstance(key, str), f"anchor() returned a {type(key).__name__}", "return a text key of the current state")
         return key
 
+    def situation(self) -> None:
+        """``situation()`` is optional; when an env defines it, it returns a str."""
+
+        def situation() -> str | None:
+            try:
+                return self.env.situation()
+            except NotImplementedError:
+                return None
+
+        key = self.call("situation()", "return a text key of what the agent faces, or leave it undefined", situation)
+        _require(key is None or isinstance(key, str), f"situation() returned a {type(key).__name__}",
+                 "return a text key of what the agent faces now (neighbour cells, goal direction, ...)")
+
     def task_key(self) -> str:
         key = self.call("task_key()", "return the key of the task drawn by the last reset", self.env.task_key)
         _require(isinstance(key, str), f"task_key() returned a {type(key).__name__}",
@@ -186,6 +199,7 @@ def _check_seed(probe: _Probe, seed: int, check_solve: bool) -> str:
     """The per-seed checks (see :func:`check_env`); returns the seed's task key."""
     initial = probe.reset(seed)
     probe.anchor()
+    probe.situation()
     key = probe.task_key()
     _require(probe.reset(seed) == initial, f"reset(seed={seed}) twice gave different observations", _FIX_SEEDED)
     _require(probe.task_key() == key, f"reset(seed={seed}) twice gave different task keys", _FIX_SEEDED)
@@ -254,7 +268,7 @@ def check_env(
     """Raise :class:`EnvCheckError` unless the env keeps the contract of ``turnrl.envs.base``.
 
     For each seed: ``reset`` returns ``(str, dict)`` and the same observation and task key twice; ``anchor()``
-    and ``task_key()`` are str; the same actions give the same trajectory (observations, rewards, flags, info
+    and ``task_key()`` are str (``situation()`` too, when defined); the same actions give the same trajectory (observations, rewards, flags, info
     keys, anchors), played through ``reset``/``step`` twice and through ``areset``/``astep`` once, and leave the
     task key unchanged; every ``step`` returns the documented types and info keys with reward components
     summing to the reward; garbage text gives ``valid=False`` without raising and leaves the anchor unchanged;
