@@ -3,7 +3,7 @@ with the experience and skill libraries on."""
 
 import pytest
 
-from turnrl.agent.experience import ExperienceLibrary, ExperienceRetrieval, Record, jaccard, key_tokens
+from turnrl.agent.experience import ExperienceLibrary, ExperienceRetrieval, Record, jaccard, key_tokens, render_block
 from turnrl.config import ConfigError, load_config
 from turnrl.envs import Env, make
 from turnrl.types import Advantages, Termination, Trajectory, TrajectoryGroup, Turn
@@ -66,12 +66,12 @@ def test_the_wrapper_shows_the_block_and_records_what_it_showed():
     start = "/".join(MAP) + "@0,0"
     library.add([record(start, "Right", advantage=0.5), record(start, "Right", advantage=0.3, success=False)], version=0)
     obs, info = env.reset(seed=0)
-    block = "Experience (2 past steps, 2 in this exact state): Right led to reward +0.20, solved 1/2, advantage +0.40."
+    block = "Past steps here: Right +0.40."
     assert obs.endswith("\n" + block) and info["experience"] == {"key": start, "retrieved": 2, "exact": 2, "block": block}
     obs, _, _, _, info = env.step("Right")
     assert info["experience"]["block"] == block  # what the observation this turn answered held
     # nothing is stored under the new state: the records of the similar key (the same map, one cell away) are shown
-    assert env.anchor() == "/".join(MAP) + "@0,1" and obs.endswith("\n" + block.replace("2 in this", "0 in this"))
+    assert env.anchor() == "/".join(MAP) + "@0,1" and obs.endswith("\nPast steps nearby: Right +0.40.")
     _, _, _, _, info = env.step("Down")
     assert info["experience"]["key"] == "/".join(MAP) + "@0,1" and info["experience"]["exact"] == 0
 
@@ -80,6 +80,26 @@ def test_the_wrapper_shows_the_block_and_records_what_it_showed():
     exact_only.reset(seed=0)
     obs, _, _, _, _ = exact_only.step("Right")
     assert "Experience" not in obs
+
+
+def test_the_line_ranks_actions_by_mean_advantage_and_says_whether_all_records_are_exact():
+    records = [record("k", "Down", advantage=-0.8), record("k", "Right", advantage=0.2), record("j", "Right", advantage=0.6)]
+    assert render_block(records, 2) == "Past steps nearby: Right +0.40, Down -0.80."
+    assert render_block(records[:1], 1) == "Past steps here: Down -0.80." and render_block([], 0) == ""
+
+
+def test_the_few_shot_examples_show_the_line_ranking_their_own_answer_first():
+    env = ExperienceRetrieval(make("frozenlake-v0"), ExperienceLibrary())
+    plain = make("frozenlake-v0").examples()
+    assert [r for _, r in env.examples()] == [r for _, r in plain] == ["Down", "Right"]
+    assert [o for o, _ in env.examples()] == [plain[0][0] + "\nPast steps here: Down +0.50, Right -0.50.",
+                                             plain[1][0] + "\nPast steps here: Right +0.50, Down -0.50."]
+
+    class LongAnswers(NoAnchor):
+        def examples(self):
+            return [("obs", "def f():\n    return 1")]
+
+    assert ExperienceRetrieval(LongAnswers(), ExperienceLibrary()).examples() == [("obs", "def f():\n    return 1")]
 
 
 def test_observation_keys_look_up_by_the_raw_observation():
@@ -98,8 +118,7 @@ def test_situation_keys_match_across_maps():
     library.add([record(info["experience"]["key"], "Down")], version=0)
     unseen = ExperienceRetrieval(make("frozenlake-v0", desc=["SFF", "FFF", "FHG"]), library)
     obs, info = unseen.reset(seed=0)
-    assert info["experience"]["exact"] == 1 and obs.endswith("1 in this exact state): Down led to reward +0.20, "
-                                                             "solved 1/1, advantage +0.50.")
+    assert info["experience"]["exact"] == 1 and obs.endswith("\nPast steps here: Down +0.50.")
 
 
 def test_an_env_without_a_situation_names_the_keys_it_can_use():

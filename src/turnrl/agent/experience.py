@@ -4,9 +4,12 @@
 After credit, every trained turn that executed an action becomes a :class:`Record`: the key of the state it acted in,
 the action, the turn's reward, whether its episode succeeded, the advantage the estimator gave the turn, and the
 policy version that sampled it. :class:`ExperienceRetrieval` wraps an env and appends the nearest records to every
-observation as one short block::
+observation as one short line, the retrieved actions ranked by their mean advantage::
 
-    Experience (3 past steps, 2 in this exact state): Right led to reward +0.20, solved 2/2, advantage +0.41; ...
+    Past steps here: Right +0.41, Down -0.80.
+
+("here" when every record shown was stored under exactly the current key, "nearby" otherwise.) The env's few-shot
+examples get such a line too (:meth:`ExperienceRetrieval.examples`), so the format the policy sees is one it was shown.
 
 **Nearest**: records stored under exactly the current key come first (newest first); when they are fewer than
 ``top_k``, records of other keys follow, most similar first, if their token-set Jaccard similarity to the current key
@@ -168,16 +171,19 @@ def retrieval_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
 
 
 def render_block(records: list[Record], exact: int) -> str:
-    """The text appended to an observation: one clause per distinct action, in retrieval order ("" when nothing);
-    ``exact`` of the ``records`` were stored under exactly the current key."""
+    """The line appended to an observation ("" when nothing): the distinct actions of ``records`` with their mean
+    advantage, the highest first (ties in retrieval order); "here" when all ``exact`` records were stored under exactly
+    the current key, else "nearby". Reward and success stay in the records (and the audit), not in the line: a longer
+    line (``Experience (3 past steps, ...): Right led to reward +0.20, solved 2/2, advantage +0.41``) made the default
+    model continue the line instead of answering (docs/experience.md)."""
     if not records:
         return ""
-    by_action: dict[str, list[Record]] = {}
+    by_action: dict[str, list[float]] = {}
     for r in records:
-        by_action.setdefault(r.action, []).append(r)
-    clauses = [f"{action} led to reward {_mean([r.reward for r in rs]):+.2f}, solved {sum(r.success for r in rs)}/"
-               f"{len(rs)}, advantage {_mean([r.advantage for r in rs]):+.2f}" for action, rs in by_action.items()]
-    return f"Experience ({len(records)} past steps, {exact} in this exact state): " + "; ".join(clauses) + "."
+        by_action.setdefault(r.action, []).append(r.advantage)
+    ranked = sorted(by_action.items(), key=lambda item: -_mean(item[1]))
+    where = "here" if exact == len(records) else "nearby"
+    return f"Past steps {where}: " + ", ".join(f"{action} {_mean(a):+.2f}" for action, a in ranked) + "."
 
 
 def _mean(values: list[float]) -> float:
@@ -196,6 +202,21 @@ class ExperienceRetrieval(Wrapper):
         super().__init__(env)
         self.library = library
         self._shown: dict[str, Any] = {}
+
+    def examples(self) -> list[tuple[str, str]]:
+        """The env's examples, each observation followed by an experience line that ranks its own response first
+        (+0.50) and another example's response last (-0.50), so that the few-shot exchanges show the line the policy
+        will see. Unchanged when a response is not a short single line (the line names actions, not long texts)."""
+        pairs = list(self.env.examples())
+        responses = [response for _, response in pairs]
+        if any("\n" in r or len(r) > 40 for r in responses):
+            return pairs
+        out = []
+        for i, (observation, response) in enumerate(pairs):
+            other = next((r for r in responses[i + 1:] + responses[:i] if r != response), None)
+            shown = [Record("", response, 0.0, True, 0.5, 0)] + ([Record("", other, 0.0, False, -0.5, 0)] if other else [])
+            out.append((f"{observation}\n{render_block(shown, len(shown))}", response))
+        return out
 
     def on_reset(self, observation: str, info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         observation, self._shown = self._with_experience(observation)
