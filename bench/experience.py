@@ -64,11 +64,32 @@ def run_arm(args, retrieve: bool) -> list[dict]:
     from turnrl.monitor.sinks import read_metrics
 
     cfg = arm_config(args, retrieve)
-    rows = read_metrics(train(cfg, components=build(cfg)) / "metrics.jsonl")
+    rows = finished_rows(cfg) if args.resume else None
+    if rows is None:
+        rows = read_metrics(train(cfg, components=build(cfg)) / "metrics.jsonl")
     hits = {r["step"]: r.get("experience/hit_rate") for r in rows if "perf/train_s" in r}
     return [{"step": r["step"], "success": r["eval/success_rate"], "ci95": [r["eval/success_ci_low"], r["eval/success_ci_high"]],
              "distinct_tasks": int(r["eval/distinct_tasks"]), "train_hit_rate": hits.get(r["step"])}
             for r in rows if "eval/success_rate" in r]
+
+
+def finished_rows(cfg) -> list[dict] | None:
+    """``--resume``: the metrics of the arm's run directory when it holds a finished run of exactly ``cfg`` (its
+    ``config.yaml`` loads to the same config, and it evaluated at the last step); None otherwise (train it)."""
+    from turnrl.config import load_config
+    from turnrl.monitor.sinks import read_metrics
+
+    run_dir = Path(cfg.log.run_dir) / cfg.log.name
+    if not (run_dir / "config.yaml").exists() or not (run_dir / "metrics.jsonl").exists():
+        return None
+    if load_config(run_dir / "config.yaml", []).model_dump() != cfg.model_dump():
+        print(f"--resume: {run_dir} ran another config; training the arm again", flush=True)
+        return None
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    if not any(r["step"] == cfg.train.steps and "eval/success_rate" in r for r in rows):
+        return None
+    print(f"--resume: read the finished arm {run_dir}", flush=True)
+    return rows
 
 
 def run_arms(args) -> tuple[list[dict], list[dict]]:
@@ -138,6 +159,9 @@ def main() -> int:
     ap.add_argument("--key", choices=["anchor", "situation", "observation"], default="situation",
                     help="experience.key of the on arm")
     ap.add_argument("--parallel", action="store_true", help="train the two arms at once, each in its own process")
+    ap.add_argument("--resume", action="store_true",
+                    help="read an arm whose run directory under --out holds a finished run of the same config instead "
+                         "of training it again (after a crash of the other arm)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "experience_bench")
     ap.add_argument("--link-only", action="store_true",
                     help="train nothing: copy bench/results/experience.json's summary into memory.json's experience field")

@@ -137,6 +137,25 @@ def sft_arm(config: Path, overrides: list[str], run_root: Path, rl_steps: int) -
     return {**row, "base": summary(base), "sft": sft_row, "seconds": time.perf_counter() - t0}
 
 
+def arm_job(config: Path, overrides: list[str], run_root: Path, rl_steps: int | None) -> dict[str, Any]:
+    """One arm: :func:`sft_arm` with ``rl_steps`` RL steps after SFT, or :func:`run_arm` from the untrained model
+    (``rl_steps`` None)."""
+    run_root.mkdir(parents=True, exist_ok=True)
+    return run_arm(config, overrides, run_root) if rl_steps is None else sft_arm(config, overrides, run_root, rl_steps)
+
+
+def run_arms(jobs: dict[str, tuple], parallel: int) -> dict[str, dict[str, Any]]:
+    """Every arm's row: one after the other, or ``parallel`` at a time in spawned processes (``--parallel N``)."""
+    if parallel <= 1:
+        return {name: arm_job(*job) for name, job in jobs.items()}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(parallel, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {name: pool.submit(arm_job, *job) for name, job in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
 def sft_batch(cfg, arm: str) -> list[str]:
     """The full-context arm's ``sft.batch_size``: a sample there is a whole episode (``rooms`` + 1 turns), elsewhere
     one turn, so its batch is the budgeted arms' divided by the turns of an episode (at least 1). Every arm's SFT
@@ -230,6 +249,8 @@ def main() -> int:
                          "demos use note/recall), then --rl-steps RL steps")
     ap.add_argument("--rl-steps", type=int, default=None,
                     help="with --sft: RL steps after SFT (0: SFT only; default: the config's train.steps)")
+    ap.add_argument("--parallel", type=int, default=1, metavar="N",
+                    help="train N arms at once, each in its own process (a core per arm; with train.threads=1)")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides for every arm, as for turnrl train")
     args = ap.parse_args()
 
@@ -247,12 +268,10 @@ def main() -> int:
         return 0
     run_root = Path(tempfile.mkdtemp(prefix="turnrl-memory-bench-"))
     try:
-        if args.sft:
-            rl_steps = cfg.train.steps if args.rl_steps is None else args.rl_steps
-            arms = {name: sft_arm(args.config, [*common, *ARMS[name], *sft_batch(cfg, name)], run_root, rl_steps)
-                    for name in args.arms}
-        else:
-            arms = {name: run_arm(args.config, [*common, *ARMS[name]], run_root) for name in args.arms}
+        rl_steps = (cfg.train.steps if args.rl_steps is None else args.rl_steps) if args.sft else None
+        jobs = {name: (args.config, [*common, *ARMS[name], *(sft_batch(cfg, name) if args.sft else [])],
+                       run_root / name, rl_steps) for name in args.arms}
+        arms = run_arms(jobs, args.parallel)
     finally:
         shutil.rmtree(run_root)  # metrics are kept in the result, not the runs
 
@@ -283,7 +302,8 @@ def main() -> int:
         "-c", str(config_path.relative_to(ROOT) if config_path.is_relative_to(ROOT) else config_path)]
     command = " ".join(["python bench/memory.py", *config, *(["--smoke"] if args.smoke else []), *(["--sft"] if args.sft else []),
                         *([f"--rl-steps {args.rl_steps}"] if args.rl_steps is not None else []),
-                        *(["--arms", *args.arms] if args.arms != list(ARMS) else []), *args.overrides])
+                        *(["--arms", *args.arms] if args.arms != list(ARMS) else []),
+                        *([f"--parallel {args.parallel}"] if args.parallel > 1 else []), *args.overrides])
     smoke = " (smoke)" if args.smoke else ""
     append_results("\n".join([f"### Memory under a context budget: truncation, full context, memory actions{smoke} — "
                                f"{time.strftime('%Y-%m-%d %H:%M')}", "", f"Command: `{command}`. Result: "
