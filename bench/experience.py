@@ -16,7 +16,8 @@ training task; at evaluation the library is read, never written. Printed and wri
 The default env is FrozenLake with the neighbour hint (configs/default.yaml). Its anchor and its observation hold the
 map, and held-out maps are never training maps, so at evaluation neither can match exactly; the on arm therefore looks
 records up by the env's situation (``--key situation``: the neighbour cells and the goal's direction, which recur
-across maps). ``--parallel`` trains the two arms at once in two processes (on a machine with a core per arm).
+across maps). ``--parallel`` trains the two arms at once in two processes (on a machine with a core per arm);
+``--resume`` reads an arm whose run directory under ``--out`` already holds a finished run of the same config.
 
     python bench/experience.py --smoke            # end-to-end check: 2 steps, 2 tasks x 2, 4 held-out tasks
     python bench/experience.py                    # the full budget: configs/default.yaml's 40 steps, 64 held-out tasks

@@ -253,3 +253,25 @@ def test_the_bench_links_a_full_runs_summary_into_memory_json_and_leaves_the_res
     assert linked["memory_actions"] == {"success": 1.0} and linked["env"] == "keys-v0"
     assert linked["experience"]["steps_ratio"] == 0.5 and linked["experience"]["env"] == "frozenlake-v0"
     assert linked["experience"]["source"]["command"] == "python bench/experience.py" and "curve_on" not in linked["experience"]
+
+
+def test_the_bench_resumes_only_a_finished_arm_of_the_same_config(tmp_path):
+    import argparse
+    import json
+
+    from turnrl.config import write_config
+
+    bench = bench_module()
+    args = argparse.Namespace(smoke=True, config=None, out=tmp_path, key="situation", overrides=[], resume=True)
+    cfg = bench.arm_config(args, retrieve=True)
+    run_dir = tmp_path / cfg.log.name
+    assert bench.finished_rows(cfg) is None  # nothing ran
+    run_dir.mkdir()
+    write_config(cfg, run_dir / "config.yaml")
+    rows = [{"step": 0, "eval/success_rate": 0.0}, {"step": 1, "perf/train_s": 1.0}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert bench.finished_rows(cfg) is None  # stopped before its last step's evaluation
+    rows.append({"step": cfg.train.steps, "eval/success_rate": 0.5})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert bench.finished_rows(cfg) == rows
+    assert bench.finished_rows(bench.arm_config(argparse.Namespace(**{**vars(args), "key": "anchor"}), True)) is None
