@@ -133,7 +133,7 @@ def test_the_wrapped_env_passes_check_env():
     env = ExperienceRetrieval(wrapped([("Right", "Right", "Down")]), experience)
     check_env(env, random_tasks=False)  # seeded determinism, types, close(), the fuzz stage: raises on a problem
     obs, _ = env.reset(seed=0)
-    assert "Skills (answer" in obs and "Experience (1 past steps, 1 in this exact state)" in obs
+    assert "Skills (answer" in obs and "Past steps here: Down +0.50." in obs
 
 
 def test_observation_keys_leave_out_the_skill_list_and_the_steps_a_skill_ran_through():
