@@ -252,19 +252,19 @@ def _neighbours(desc: list[str], pos: Pos) -> str:
 
 
 def _goal_direction(desc: list[str], pos: Pos) -> str:
-    """``"down-right"``, ``"up"``, ``"here"``: the signs of :func:`_direction_to_goal`'s offsets."""
-    offsets = _direction_to_goal(desc, pos)
-    return "-".join(part.split()[1] for part in offsets.split(", ")) if offsets else "here"
+    """``"down-right"``, ``"up"``, ``"here"``: the directions of the nearest goal, without distances."""
+    words = [word for _, word in _goal_offsets(desc, pos)]
+    return "-".join(words) if words else "here"
 
 
 def _direction_to_goal(desc: list[str], pos: Pos) -> str:
     """``"2 down, 3 right"``: rows then columns from ``pos`` to the nearest ``G``; zero offsets are left out."""
+    return ", ".join(f"{n} {word}" for n, word in _goal_offsets(desc, pos))
+
+
+def _goal_offsets(desc: list[str], pos: Pos) -> list[tuple[int, str]]:
+    """``[(2, "down"), (3, "right")]``: the nonzero row then column distances from ``pos`` to the nearest ``G``."""
     goals = [(r, c) for r, row in enumerate(desc) for c, ch in enumerate(row) if ch == "G"]
     gr, gc = min(goals, key=lambda g: abs(g[0] - pos[0]) + abs(g[1] - pos[1]))
     dr, dc = gr - pos[0], gc - pos[1]
-    parts = []
-    if dr:
-        parts.append(f"{abs(dr)} {'down' if dr > 0 else 'up'}")
-    if dc:
-        parts.append(f"{abs(dc)} {'right' if dc > 0 else 'left'}")
-    return ", ".join(parts)
+    return [(abs(d), word) for d, word in ((dr, "down" if dr > 0 else "up"), (dc, "right" if dc > 0 else "left")) if d]
