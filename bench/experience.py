@@ -4,7 +4,8 @@ success (issue 20's target: <= 70% of the off arm's steps)?
 Both arms train the default model from the same start on the same training tasks (a pure function of the step) with
 the same budget; the only difference is ``experience.retrieve``. Evaluation is greedy on held-out tasks distinct by
 task key (``build.TaskSplit``: no training task has a held-out key), so every record the library holds comes from a
-training task; at evaluation the library is read, never written. Printed and written (``bench/results/experience.json``):
+training task; at evaluation the library is read, never written. Printed and written (``bench/results/experience.json``;
+``experience_smoke.json`` with ``--smoke``, so a smoke never replaces a measurement):
 
 - each arm's held-out success at every evaluation, with its 95% interval over the distinct tasks;
 - ``steps_off``: the first evaluation step at which the off arm reaches its own final success; ``steps_on``: the first
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from baselines import cell, measure  # noqa: E402
-from machine import write_result  # noqa: E402
+from machine import run_jobs, write_result  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SUMMARY = ("env", "key", "overrides", "steps", "steps_on", "steps_off", "final_on", "final_off", "steps_ratio", "off_learned",
@@ -91,18 +92,6 @@ def finished_rows(cfg) -> list[dict] | None:
         return None
     print(f"--resume: read the finished arm {run_dir}", flush=True)
     return rows
-
-
-def run_arms(args) -> tuple[list[dict], list[dict]]:
-    """The off and on arms' curves: one after the other, or with ``--parallel`` in two spawned processes at once."""
-    if not args.parallel:
-        return run_arm(args, retrieve=False), run_arm(args, retrieve=True)
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        off, on = pool.submit(run_arm, args, False), pool.submit(run_arm, args, True)
-        return off.result(), on.result()
 
 
 def first_reaching(curve: list[dict], level: float) -> int | None:
@@ -176,7 +165,8 @@ def main() -> int:
     from turnrl.models import load_tokenizer
 
     t0 = time.perf_counter()
-    off, on = run_arms(args)
+    arms = run_jobs(run_arm, {"off": (args, False), "on": (args, True)}, 2 if args.parallel else 1)
+    off, on = arms["off"], arms["on"]
     cfg = arm_config(args, retrieve=False)
     baselines = measure(cfg, tokenizer=load_tokenizer(cfg.model.path))
     fields = {"env": cfg.env.id, **compare(on, off), "distinct_eval_tasks": off[0]["distinct_tasks"],
@@ -184,7 +174,7 @@ def main() -> int:
               "steps": cfg.train.steps, "tasks_per_step": cfg.rollout.tasks_per_step, "group_size": cfg.rollout.group_size,
               "curve_on": on, "curve_off": off, "baselines": baselines, "wall_s": round(time.perf_counter() - t0, 1)}
     print(report(args, on, off, baselines, fields))
-    print(f"wrote {write_result('experience', fields)}")
+    print(f"wrote {write_result('experience_smoke' if args.smoke else 'experience', fields)}")
     if not args.smoke and (linked := link_into_memory()):
         print(f"linked its summary into {linked}")
     return 0

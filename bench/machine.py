@@ -116,3 +116,17 @@ def merge_result(name: str, fields: dict[str, Any], measure: bool = True, machin
 
 if __name__ == "__main__":
     print(json.dumps(facts(), indent=2))
+
+
+def run_jobs(fn, jobs: dict[str, tuple], processes: int = 1) -> dict[str, Any]:
+    """``{name: fn(*args)}`` for every job: one after the other, or ``processes`` at a time in spawned processes
+    (each a fresh interpreter: give each run ``train.threads`` so that they share the cores). ``fn`` must be a
+    module-level function of an importable module (a bench script run as ``__main__`` is)."""
+    if processes <= 1:
+        return {name: fn(*args) for name, args in jobs.items()}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {name: pool.submit(fn, *args) for name, args in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}

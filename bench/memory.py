@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from baselines import POLICIES, cell, measure, summary  # noqa: E402
-from machine import append_results, write_result  # noqa: E402
+from machine import append_results, run_jobs, write_result  # noqa: E402
 
 ARMS: dict[str, list[str]] = {
     "truncation": ["memory.actions=[]"],
@@ -142,18 +142,6 @@ def arm_job(config: Path, overrides: list[str], run_root: Path, rl_steps: int | 
     (``rl_steps`` None)."""
     run_root.mkdir(parents=True, exist_ok=True)
     return run_arm(config, overrides, run_root) if rl_steps is None else sft_arm(config, overrides, run_root, rl_steps)
-
-
-def run_arms(jobs: dict[str, tuple], parallel: int) -> dict[str, dict[str, Any]]:
-    """Every arm's row: one after the other, or ``parallel`` at a time in spawned processes (``--parallel N``)."""
-    if parallel <= 1:
-        return {name: arm_job(*job) for name, job in jobs.items()}
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(parallel, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {name: pool.submit(arm_job, *job) for name, job in jobs.items()}
-        return {name: f.result() for name, f in futures.items()}
 
 
 def sft_batch(cfg, arm: str) -> list[str]:
@@ -271,7 +259,7 @@ def main() -> int:
         rl_steps = (cfg.train.steps if args.rl_steps is None else args.rl_steps) if args.sft else None
         jobs = {name: (args.config, [*common, *ARMS[name], *(sft_batch(cfg, name) if args.sft else [])],
                        run_root / name, rl_steps) for name in args.arms}
-        arms = run_arms(jobs, args.parallel)
+        arms = run_jobs(arm_job, jobs, args.parallel)
     finally:
         shutil.rmtree(run_root)  # metrics are kept in the result, not the runs
 

@@ -275,3 +275,11 @@ def test_the_bench_resumes_only_a_finished_arm_of_the_same_config(tmp_path):
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert bench.finished_rows(cfg) == rows
     assert bench.finished_rows(bench.arm_config(argparse.Namespace(**{**vars(args), "key": "anchor"}), True)) is None
+
+
+def test_the_benches_run_jobs_in_order_or_in_spawned_processes_with_the_same_results():
+    bench_module()  # puts bench/ on sys.path
+    from machine import run_jobs
+
+    jobs = {"a": (7, 2), "b": (9, 4)}
+    assert run_jobs(divmod, jobs) == run_jobs(divmod, jobs, processes=2) == {"a": (3, 1), "b": (2, 1)}
