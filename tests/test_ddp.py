@@ -113,3 +113,42 @@ def test_a_training_run_with_two_learner_ranks_matches_one(tmp_path, tokenizer):
     for a, b in zip(one, two):
         for k in ("train/loss", "train/grad_norm", "train/entropy", "train/num_tokens", "rollout/reward"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+
+
+def test_ranks_started_by_torchrun_train_as_the_spawned_ones_do(tmp_path, tiny_model_dir):
+    """`torchrun --nproc-per-node 2 -m turnrl.cli train ... scale.learner_ranks=2`: rank 0 trains, rank 1 joins through
+    env:// and serves its updates, and the run's numbers are the one-process run's. A launch that disagrees with
+    scale.learner_ranks stops with the fix."""
+    import subprocess
+    import sys
+
+    from turnrl.monitor.sinks import read_metrics
+
+    base = ["train", f"model.path={tiny_model_dir}", "train.steps=2", "rollout.tasks_per_step=2", "rollout.group_size=3",
+            "rollout.max_new_tokens=3", "env.max_turns=2", "eval.every=0", "eval.at_start=false", "log.progress=false",
+            "log.tensorboard=false", "log.report=false", "log.checkpoint_at_end=false", "log.checkpoint_every=0",
+            "train.lr=1e-3", "train.micro_batch_tokens=64", "model.autocast_bf16=false",
+            "algo.skip_zero_advantage=false", "train.threads=1", f"log.run_dir={tmp_path}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "turnrl.cli"]
+
+    def rows(name: str) -> list[dict]:
+        return [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if "train/loss" in r]
+
+    one = subprocess.run([sys.executable, "-m", "turnrl.cli", *base, "log.name=one"], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([*launch, *base, "log.name=two", "scale.learner_ranks=2"], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert not (tmp_path / "served").exists()
+    a, b = rows("one"), rows("two")
+    assert len(a) == len(b) == 2
+    assert b[-1]["train/micro_batches"] > 1  # rank 1 had work
+    for x, y in zip(a, b):
+        for k in ("train/loss", "train/grad_norm", "train/num_tokens", "rollout/reward"):
+            assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-6), k
+
+    wrong = subprocess.run([*launch, *base, "log.name=wrong"], env=env, capture_output=True, text=True, timeout=600)
+    assert wrong.returncode != 0
+    assert "set scale.learner_ranks=2" in wrong.stderr

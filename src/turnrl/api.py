@@ -106,11 +106,21 @@ def train(config: ConfigSource = None, *overrides: str, resume: str | os.PathLik
     on the command line (``"train.lr=1e-5"``). ``resume`` continues that run directory from its newest checkpoint,
     with its own ``config.yaml`` (a YAML ``config`` and the overrides may change what resume allows).
 
+    Under a launcher (``torchrun --nproc-per-node N`` or several nodes, with ``scale.learner_ranks=N``), rank 0 trains
+    and every other rank only serves its learner updates (:func:`turnrl.scale.distributed.serve_launched`), then
+    returns a result with ``ran`` False.
+
     ``reward`` scores turn ``t`` of a trajectory, ``reward(trajectory, t) -> float``; the score times
     ``algo.prm_weight`` is added to that turn's reward as component ``prm`` before credit (evaluation reads only
     success). It is ``algo.prm`` given in code: a function defined at the top level of a module, or its
     ``"module:function"`` name, which ``config.yaml`` records.
     """
+    from turnrl.scale.distributed import launched, serve_launched
+
+    if (where := launched()) is not None and where[0] > 0:  # torchrun started this rank: it only serves rank 0's updates
+        serve_launched()
+        return RunResult(Path.cwd(), "served", f"learner rank {where[0]} of {where[1]} served rank 0's updates", {},
+                         None, ran=False)
     overrides = (*overrides, f"algo.prm={_reward_name(reward)}") if reward is not None else overrides
     if resume is not None:
         return _resume(resume_dir(resume), config, overrides)

@@ -524,7 +524,13 @@ def _served_collector(cfg: Config, engine: Engine, tokenizer, tasks: TaskSplit) 
 def _learner(cfg: Config, model, pad_id: int, ref, critic: Critic | None) -> Learner:
     """The learner; with ``scale.learner_ranks > 1`` the data-parallel one (:mod:`turnrl.scale.distributed`), sharded
     with ``scale.learner_sharding=fsdp`` (:mod:`turnrl.scale.sharded`)."""
+    from turnrl.scale.distributed import launched
+
     params = LearnerParams.from_config(cfg)
+    if (where := launched()) is not None and where[1] != cfg.scale.learner_ranks:  # the other ranks wait to serve
+        raise ConfigError(f"the launcher started {where[1]} ranks (WORLD_SIZE={where[1]}) but scale.learner_ranks="
+                          f"{cfg.scale.learner_ranks}: set scale.learner_ranks={where[1]}, or launch "
+                          f"{cfg.scale.learner_ranks} rank(s)")
     if cfg.scale.learner_ranks == 1:
         return Learner(model, params, pad_id, ref_model=ref, critic=critic)
     from turnrl.scale.distributed import DataParallelLearner

@@ -11,8 +11,11 @@ divide evenly.
 
 Rank 0 is the training process and the only one that steps the optimizer (clip, AdamW, schedule), so checkpoints,
 resume and rollback stay as they are; before each update (and after each PPO epoch but the last) it broadcasts the
-trainable weights, so the other ranks always compute with the current ones. The other ranks are processes spawned
-here (``torch.multiprocessing``, spawn start method) on one machine; each gets its own copy of the model. Every
+trainable weights, so the other ranks always compute with the current ones. The other ranks are either processes
+spawned here (``torch.multiprocessing``, spawn start method) on one machine, or, when a launcher started every rank
+(``torchrun``: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` set, on one node or many), the launched ``turnrl train``
+processes of rank > 0, which only join the group and serve (:func:`serve_launched`); either way each gets its own
+copy of rank 0's model (pickled to it: a spawned rank as its argument, a launched one by a broadcast). Every
 collective on rank 0 is bounded by ``scale.sync_timeout_s`` (the process group's timeout): a stuck or dead rank
 stops the run with a :class:`~turnrl.scale.ScaleError` instead of hanging.
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import os
 import pickle
 import socket
 from collections.abc import Iterator, Sequence
@@ -72,8 +76,10 @@ class DataParallelLearner(Learner):
                               "would add the value loss; set scale.learner_ranks=1 or algo.critic=none")
         if ranks < 2:
             raise ValueError(f"a data-parallel learner needs at least 2 ranks, got {ranks}")
-        address = f"tcp://127.0.0.1:{_free_port()}"
         blob = pickle.dumps((model, params, pad_id, ref_model))  # a copy each: a rank never shares our storages
+        if launched() is not None:
+            return cls._join_launched(ranks, timeout_s, blob, model, params, pad_id, ref_model)
+        address = f"tcp://127.0.0.1:{_free_port()}"
         ctx = mp.get_context("spawn")
         helpers = [ctx.Process(target=_serve, args=(cls, r, ranks, address, timeout_s, blob), daemon=True)
                    for r in range(1, ranks)]
@@ -88,6 +94,27 @@ class DataParallelLearner(Learner):
                              f"({type(e).__name__}); check memory and that the model pickles") from None
         learner = cls(model, params, pad_id, ref_model, rank=0, world=ranks, groups=groups, timeout_s=timeout_s)
         learner._helpers = helpers
+        atexit.register(learner.close)
+        return learner
+
+    @classmethod
+    def _join_launched(cls, ranks: int, timeout_s: float, blob: bytes, model, params: LearnerParams, pad_id: int,
+                       ref_model) -> "DataParallelLearner":
+        """Rank 0 of ranks a launcher started: join them (``env://``), send each this learner's kind and model."""
+        rank, world = launched()  # type: ignore[misc]
+        if rank != 0:  # api.train sends a launched rank > 0 to serve_launched before it builds anything
+            raise RuntimeError(f"only rank 0 builds the learner; rank {rank} should serve (serve_launched)")
+        if world != ranks:  # build checks it first; a direct caller gets the same error
+            raise ConfigError(f"the launcher started {world} ranks (WORLD_SIZE={world}) but scale.learner_ranks={ranks}: "
+                              f"set scale.learner_ranks={world}, or launch {ranks} rank(s)")
+        try:
+            groups = _join(0, world, "env://", timeout_s)
+            dist.broadcast_object_list([(cls, blob)], src=0, group=groups.bounded)
+        except (RuntimeError, dist.DistError) as e:
+            raise ScaleError(f"the launched learner ranks did not join and take the model ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}); check MASTER_ADDR/MASTER_PORT and that every "
+                             "rank runs the same turnrl train command") from None
+        learner = cls(model, params, pad_id, ref_model, rank=0, world=world, groups=groups, timeout_s=timeout_s)
         atexit.register(learner.close)
         return learner
 
@@ -170,10 +197,35 @@ class DataParallelLearner(Learner):
 
 
 def _serve(cls: type[DataParallelLearner], rank: int, world: int, address: str, timeout_s: float, blob: bytes) -> None:
-    """A helper rank's life: join the group, build its ``cls`` learner, then serve rank 0's commands until STOP."""
+    """A spawned helper rank's life: join the group, build its ``cls`` learner, then serve rank 0's commands until STOP."""
     torch.set_num_threads(1)
-    model, params, pad_id, ref_model = pickle.loads(blob)
     groups = _join(rank, world, address, timeout_s)
+    _serve_until_stop(cls, rank, world, groups, timeout_s, blob)
+
+
+def launched() -> tuple[int, int] | None:
+    """``(rank, world)`` when a launcher (``torchrun``) started this process as one of several ranks, else None."""
+    env = os.environ
+    if "RANK" not in env or "MASTER_ADDR" not in env or int(env.get("WORLD_SIZE", "1")) < 2:
+        return None
+    return int(env["RANK"]), int(env["WORLD_SIZE"])
+
+
+def serve_launched(timeout_s: float = STARTUP.total_seconds()) -> None:
+    """A launched rank > 0's life (``torchrun ... turnrl train``): join rank 0, take its learner's kind and model,
+    serve its updates until it stops. Needs no config: rank 0 checks ``scale.learner_ranks`` against the launch, and
+    ``timeout_s`` bounds only this rank's own waits inside an update (rank 0's are ``scale.sync_timeout_s``)."""
+    rank, world = launched()  # type: ignore[misc]
+    groups = _join(rank, world, "env://", timeout_s)
+    box: list[Any] = [None]
+    dist.broadcast_object_list(box, src=0, group=groups.bounded)
+    cls, blob = box[0]
+    _serve_until_stop(cls, rank, world, groups, timeout_s, blob)
+
+
+def _serve_until_stop(cls: type[DataParallelLearner], rank: int, world: int, groups: Groups, timeout_s: float,
+                      blob: bytes) -> None:
+    model, params, pad_id, ref_model = pickle.loads(blob)
     learner = cls(model, params, pad_id, ref_model, rank=rank, world=world, groups=groups, timeout_s=timeout_s)
     while (command := _signal(groups.commands)) != STOP:
         learner.serve(command)
