@@ -15,7 +15,14 @@ On held-out FrozenLake prompts, rendered exactly as the collector renders them, 
 4. weight sync: the HF weights are perturbed, ``sync_weights`` copies them into vLLM in place, and greedy
    outputs must then match HFEngine on the perturbed weights;
 5. throughput: generated tokens per second of each engine at temperature 1 (vLLM on the GPU, HFEngine
-   on the CPU, where turnrl runs it today: it builds its input tensors on the CPU).
+   on the CPU, where turnrl runs it today: it builds its input tensors on the CPU);
+6. training (``--train-steps``, default 3; 0 skips it): ``turnrl train`` on the default recipe with the vLLM engine
+   sampling, async mode (``scale.async_mode=true``, ``scale.max_staleness=1``, ``algo.is_correction=tis``) and a
+   2-rank FSDP2-sharded learner (``scale.learner_ranks=2 scale.learner_sharding=fsdp``), in a subprocess: it must
+   exit 0 having logged every step's update, a staleness, the importance-ratio statistics and a weight version per
+   update. The learner ranks run on the CPU over gloo (turnrl's learner has no GPU device setting yet), so this
+   checks vLLM's weight sync under async training, not NCCL. ``--train-engine native`` runs the same check without a
+   GPU (the CPU engine), which is how it is checked on machines without one.
 
 It prints a table and exits 1 if a check fails. Thresholds depend on ``--dtype`` (float32 is strict).
 """
@@ -50,6 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--hf-throughput-prompts", type=int, default=32, help="prompts in HFEngine's throughput run")
     ap.add_argument("--throughput-tokens", type=int, default=64, help="max new tokens per prompt in the throughput runs")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--train-steps", type=int, default=3, help="steps of the async + FSDP2 training check (0: skip it)")
+    ap.add_argument("--train-engine", default="vllm", choices=["vllm", "native"],
+                    help="the training check's rollout engine ('native': the same check on a machine without a GPU)")
+    ap.add_argument("--train-only", action="store_true", help="run only the training check (no vLLM needed with "
+                    "--train-engine native)")
     ap.add_argument("--json", help="also write the results to this JSON file")
     return ap.parse_args(argv)
 
@@ -106,8 +118,53 @@ def throughput(engine, prompts, tokens: int) -> float:
     return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
 
 
+def training_check(args) -> list[tuple[str, float, str, bool | None]]:
+    """Check 6: a short async run with a 2-rank FSDP2 learner, sampling from ``--train-engine`` (module docstring)."""
+    import subprocess
+    import tempfile
+
+    from turnrl.monitor.sinks import read_metrics
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "turnrl.cli", "train", f"model.path={args.model}", f"train.steps={args.train_steps}",
+               f"rollout.engine={args.train_engine}", "rollout.tasks_per_step=2", "rollout.group_size=4",
+               "scale.async_mode=true", "scale.max_staleness=1", "algo.is_correction=tis", "scale.learner_ranks=2",
+               "scale.learner_sharding=fsdp", "eval.every=0", "eval.at_start=false", "log.progress=false",
+               "log.checkpoint_every=0", "log.checkpoint_at_end=false", "log.report=false", f"log.run_dir={tmp}",
+               "log.name=check", f"train.seed={args.seed}"]
+        t0 = time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+        metrics = tmp + "/check/metrics.jsonl"
+        rows = [r for r in read_metrics(Path(metrics)) if "train/loss" in r] if Path(metrics).exists() else []
+    if out.returncode != 0:
+        print(f"training check failed (exit {out.returncode}): {' '.join(cmd)}\n{out.stderr[-3000:]}", file=sys.stderr)
+    logged = all("train/staleness_mean" in r and any(k.startswith("train/is_") for k in r) for r in rows)
+    return [
+        (f"train ({args.train_engine}, async, FSDP2 x2): exit code", float(out.returncode), "== 0", out.returncode == 0),
+        ("train: steps with an update", float(len(rows)), f"== {args.train_steps}", len(rows) == args.train_steps),
+        ("train: staleness and IS statistics logged", float(logged), "== 1", bool(rows) and logged),
+        ("train: mean staleness", rows[-1].get("train/staleness_mean", float("nan")) if rows else float("nan"), "info", None),
+        ("train: seconds", seconds, "info", None),
+    ]
+
+
+def report(args, rows, header: str) -> int:
+    """Print the table (and ``--json``); 1 if a check failed."""
+    width = max(len(r[0]) for r in rows)
+    print(header)
+    print(f"{'check':<{width}}  {'value':>12}  {'bar':>9}  result")
+    for name, value, bar, ok in rows:
+        print(f"{name:<{width}}  {value:>12.6g}  {bar:>9}  {'' if ok is None else ('PASS' if ok else 'FAIL')}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([{"check": n, "value": v, "bar": b, "pass": ok} for n, v, b, ok in rows], indent=1))
+    return 0 if all(ok is not False for *_, ok in rows) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.train_only:
+        return report(args, training_check(args), f"model {args.model}  training check only")
     import torch
 
     from turnrl.engines import HFEngine, SamplingParams, VLLMEngine
@@ -152,15 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(("vLLM generated tokens/s", throughput(vllm, many, args.throughput_tokens), "info", None))
     rows.append(("HF (CPU) generated tokens/s", throughput(hf, many[: args.hf_throughput_prompts], args.throughput_tokens), "info", None))
 
-    width = max(len(r[0]) for r in rows)
-    print(f"model {path}  dtype {args.dtype}  prompts {len(prompts)}  torch {torch.__version__}"
-          f"  gpu {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
-    print(f"{'check':<{width}}  {'value':>12}  {'bar':>9}  result")
-    for name, value, bar, ok in rows:
-        print(f"{name:<{width}}  {value:>12.6g}  {bar:>9}  {'' if ok is None else ('PASS' if ok else 'FAIL')}")
-    if args.json:
-        Path(args.json).write_text(json.dumps([{"check": n, "value": v, "bar": b, "pass": ok} for n, v, b, ok in rows], indent=1))
-    return 0 if all(ok is not False for *_, ok in rows) else 1
+    if args.train_steps > 0:
+        del vllm  # the training run builds its own engine on the GPU
+        torch.cuda.empty_cache()
+        rows += training_check(args)
+    return report(args, rows, f"model {path}  dtype {args.dtype}  prompts {len(prompts)}  torch {torch.__version__}"
+                              f"  gpu {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
 
 
 if __name__ == "__main__":

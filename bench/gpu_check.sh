@@ -11,14 +11,17 @@
 #   3. vLLM's logprob of sampled tokens (T=0.7) == the learner's log_softmax(logits / T) recomputation,
 #   4. sync_weights: after perturbing the HF weights and syncing, vLLM's greedy ids match HF's again,
 #   5. throughput (generated tokens/s) of both engines,
-# prints a table and exits 1 if a check fails. Nothing here runs on CPU-only machines.
+#   6. a 3-step `turnrl train` with vLLM sampling, async mode (staleness 1, TIS) and a 2-rank FSDP2 learner
+#      (the learner ranks on the CPU over gloo: the learner has no GPU device setting yet),
+# prints a table and exits 1 if a check fails. Nothing here runs on CPU-only machines
+# (check 6 alone runs anywhere: python bench/gpu_check.py --train-only --train-engine native).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${TURNRL_GPU_VENV:-.venv-gpu}
 PY=${PYTHON:-python3}
 
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then   # needs neither a GPU nor vLLM
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
   exec "$PY" bench/gpu_check.py --help
 fi
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then

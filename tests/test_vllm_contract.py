@@ -368,7 +368,8 @@ def test_gpu_check_script_runs_end_to_end_on_the_fake(fake_vllm, tokenizer, mode
     model.save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")
     code = gpu_check.main(["--model", str(tmp_path / "m"), "--prompts", "2", "--max-new-tokens", "3", "--throughput-prompts", "2",
-                           "--hf-throughput-prompts", "1", "--throughput-tokens", "2", "--json", str(tmp_path / "r.json")])
+                           "--hf-throughput-prompts", "1", "--throughput-tokens", "2", "--json", str(tmp_path / "r.json"),
+                           "--train-steps", "0"])  # the training check's subprocess cannot see the fake: below
     out = capsys.readouterr().out
     assert code == 0, out
     rows = {r["check"]: r for r in json.loads((tmp_path / "r.json").read_text())}
@@ -376,6 +377,25 @@ def test_gpu_check_script_runs_end_to_end_on_the_fake(fake_vllm, tokenizer, mode
     assert rows["sampled (T=0.7) logprob vs learner recompute"]["value"] < 1e-4
     assert rows["after sync: greedy ids identical"]["pass"] and rows["vLLM generated tokens/s"]["value"] > 0
     assert "FAIL" not in out
+
+
+def test_gpu_check_training_check_runs_async_with_a_sharded_learner(tiny_model_dir, tmp_path, capsys):
+    """Check 6 of bench/gpu_check.py (async mode, a 2-rank FSDP2 learner) with the CPU engine, as it runs without a GPU:
+    every step updated, with a staleness and importance-ratio statistics logged."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parents[1] / "bench" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    code = gpu_check.main(["--train-only", "--train-engine", "native", "--train-steps", "2", "--model",
+                           str(tiny_model_dir), "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = {r["check"]: r for r in json.loads((tmp_path / "r.json").read_text())}
+    assert rows["train: steps with an update"]["value"] == 2
+    assert rows["train: staleness and IS statistics logged"]["pass"]
 
 
 def test_training_with_rollout_engine_vllm_syncs_the_learner_each_step(fake_vllm, tokenizer, model, tmp_path):
