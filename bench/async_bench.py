@@ -20,12 +20,25 @@ run's step-0 evaluation) on the same tasks, each with its 95% Wilson interval ov
 Writes ``bench/results/scale_async.json`` (``--smoke``: ``scale_async_smoke.json``) with ``sync_steps_per_hour``,
 ``async_steps_per_hour``, ``ratio``, ``env_latency_ms``, ``sync_success``, ``async_success``, ``distinct_eval_tasks``
 and the baselines; :func:`compare` is the measurement, for ``bench/scale.py`` to call.
+
+``--to-bar`` answers the issue's other question, whether async training with staleness 1 and 2 and the IS correction
+still reaches the default recipe's learning bar: one ``bench/learn_default.py`` run per staleness (side by side, one
+thread each, no simulated latency: the question is what stale batches do to learning), each stopping at its first
+evaluation at the bar (held-out success >= 0.30, +30 pp over step 0, >= 95% valid actions) or at ``--minutes``.
+``--sync RUN.json`` adds a sync run's record of the same seed (e.g. ``learn_default.py --speed``'s today side) to
+the table; ``--from-runs DIR`` reports runs already made (``DIR/async_s{K}.json``). It merges ``staleness_to_bar``
+into ``scale_async.json``.
+
+    python bench/async_bench.py --to-bar [--staleness 1 2] [--minutes 40] [--sync /tmp/bench_runs/speed/speed_today_s0.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from baselines import cell, measure, summary  # noqa: E402
-from machine import append_results, write_result  # noqa: E402
+from machine import append_results, merge_result, write_result  # noqa: E402
 
 SMOKE = ["train.steps=2", "rollout.tasks_per_step=2", "rollout.group_size=2", "eval.num_tasks=8"]
 
@@ -108,6 +121,58 @@ def compare(cfg, latency_ms: float = 200.0, max_staleness: int = 1, is_correctio
     }
 
 
+def to_bar(args) -> int:
+    """``--to-bar``: does async training at each ``--staleness`` reach the learning bar? (module docstring)"""
+    out = Path(args.from_runs or args.run_root)
+    if not args.from_runs:
+        out.mkdir(parents=True, exist_ok=True)
+        procs = {}
+        for k in args.staleness:
+            name = f"async_s{k}"
+            cmd = [sys.executable, str(ROOT / "bench" / "learn_default.py"), "-c", str(args.config), "--minutes",
+                   str(args.minutes), "--no-write", "--out", str(out / f"{name}.json"), f"log.run_dir={out}",
+                   f"log.name={name}", f"train.seed={args.seed}", "train.threads=1", "eval.stop_at_success=0.3",
+                   "train.steps=500", "scale.async_mode=true", f"scale.max_staleness={k}",
+                   f"algo.is_correction={args.is_correction}", *args.overrides]
+            print(f"staleness {k}: {shlex.join(cmd[1:])}", flush=True)
+            procs[k] = subprocess.Popen(cmd, stdout=(out / f"{name}.log").open("w"), stderr=subprocess.STDOUT)
+        for k, p in procs.items():
+            if p.wait() != 0:
+                raise SystemExit(f"the staleness-{k} run failed (exit {p.returncode}): see {out}/async_s{k}.log")
+    runs = {f"async_s{k}": json.loads((out / f"async_s{k}.json").read_text()) for k in args.staleness}
+    if args.sync:
+        runs = {"sync": json.loads(Path(args.sync).read_text())} | runs
+    keep = ("met", "seconds_to_bar", "best_step", "steps", "trained", "ci95", "base", "random", "rule", "oracle",
+            "distinct_eval_tasks", "held_out_keys_trained_on", "run_dir")
+    fields = {"staleness_to_bar": {"is_correction": args.is_correction, "seed": args.seed,
+                                   "runs": {n: {k: r.get(k) for k in keep} for n, r in runs.items()}}}
+    first = next(iter(runs.values()))
+    lines = [
+        f"### Async training to the learning bar at staleness {' and '.join(map(str, args.staleness))} — "
+        f"{time.strftime('%Y-%m-%d %H:%M')}",
+        "",
+        f"Command: `python {shlex.join(sys.argv)}`. Default recipe, seed {args.seed}, one thread per run, runs side by side; "
+        f"async: is_correction {args.is_correction}; each run stops at its first evaluation at the bar (held-out "
+        f"success >= 0.30 and +30 pp over step 0) or at its wall budget.",
+        "",
+        "| run | bar met | step | seconds | held-out success [95% CI] | distinct held-out (trained on) |",
+        "|---|---|---:|---:|---:|---|",
+        *(f"| {n} | {'yes' if r['met'] else 'no'} | {r['best_step']} | {r['seconds_to_bar'] or r['seconds']:.0f} "
+          f"| {r['trained']:.3f} [{r['ci95']['trained'][0]:.2f}-{r['ci95']['trained'][1]:.2f}] "
+          f"| {r['distinct_eval_tasks']} ({r['held_out_keys_trained_on']}) |" for n, r in runs.items()),
+        "",
+        f"On the same held-out tasks: random {first['random']:.3f}, rule {first['rule']:.3f}, base {first['base']:.3f}, "
+        f"oracle {first['oracle']:.3f}.",
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        append_results(text)
+        print(f"wrote {merge_result('scale_async', fields)}")
+    return 0
+
+
 def main() -> int:
     from turnrl.config import load_config
     from turnrl.models import load_tokenizer
@@ -122,8 +187,17 @@ def main() -> int:
                     help="the async run's algo.is_correction")
     ap.add_argument("--keep", type=Path, help="keep the two run directories here (default: deleted)")
     ap.add_argument("--no-write", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    ap.add_argument("--to-bar", action="store_true", help="async runs at each --staleness until the learning bar")
+    ap.add_argument("--staleness", type=int, nargs="+", default=[1, 2], help="--to-bar: the max_staleness values")
+    ap.add_argument("--minutes", type=float, default=40.0, help="--to-bar: wall budget per run")
+    ap.add_argument("--seed", type=int, default=0, help="--to-bar: train.seed of every run")
+    ap.add_argument("--sync", help="--to-bar: a sync run's learn_default.py JSON to show beside them")
+    ap.add_argument("--from-runs", help="--to-bar: report the runs already in this directory (no training)")
+    ap.add_argument("--run-root", default="/tmp/bench_runs/stale", help="--to-bar: where the runs go")
     ap.add_argument("overrides", nargs="*", help="key=value overrides for both runs, as for turnrl train")
     args = ap.parse_args()
+    if args.to_bar:
+        return to_bar(args)
     if not args.config.exists():
         raise SystemExit(f"no config {args.config}: pass -c with a file under configs/")
     overrides = [*(SMOKE if args.smoke else []), *([f"train.steps={args.steps}"] if args.steps else []), *args.overrides]
