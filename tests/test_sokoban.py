@@ -99,6 +99,24 @@ def test_examples_and_anchor():
     assert [solve(Puzzle.parse(obs.splitlines()))[0] for obs, _ in ex] == ["Down", "Up"]
 
 
+def test_hint_line_names_the_neighbours_and_where_the_box_and_its_target_are():
+    p = Puzzle.parse(["#####", "#_XP#", "#__X#", "#O_O#", "#####"])
+    # Left: a box with floor behind it; Down: a box with a target behind it; the nearer box (a tie: the upper one) is
+    # 1 left, and its nearest free target (a tie: the left one) 2 down 1 left of it
+    assert p.hint() == "Up: wall, Down: box (push), Left: box (push), Right: wall; box 1 left; its target 2 down 1 left of it"
+    stuck = Puzzle.parse(["#####", "#XP_#", "#__O#", "#####"])
+    assert stuck.hint().startswith("Up: wall, Down: floor, Left: box (stuck), Right: floor; box 1 left; its target 1 down 2 right")
+    assert Puzzle.parse(["####", "#S*#", "####"]).hint() == "Up: wall, Down: wall, Left: wall, Right: box (stuck)"  # solved
+
+    env = Sokoban(size=5, show_hints=True)
+    obs, _ = env.reset(seed=3)
+    grid, hint = obs.rsplit("\n", 1)
+    assert hint == env.situation() == env.puzzle.hint() and Puzzle.parse(grid.splitlines()) == env.puzzle
+    assert all(o.endswith(Puzzle.parse(o.splitlines()[:-1]).hint()) for o, _ in env.examples())
+    assert make("sokoban-v0", size=5).reset(seed=3)[0] == grid  # off by default: the grid alone
+    check_env("sokoban-v0", show_hints=True, random_tasks=True)
+
+
 def test_check_env():
     check_env("sokoban-v0", random_tasks=True)
     check_env("sokoban-v0", num_boxes=2, size=7, max_turns=40, random_tasks=True)

@@ -21,7 +21,12 @@ puzzle is solvable, not already solved, and of controlled difficulty. ``reset`` 
 Text symbols (RAGEN's text convention, except ``*`` for a box on a target as in the XSB level format,
 because ``√`` is two byte-level tokens in SmolLM2's tokenizer): ``#`` wall, ``_`` floor, ``O`` target,
 ``X`` box, ``*`` box on target, ``P`` player, ``S`` player on target. Cells are separated by spaces, one
-token per cell, as in FrozenLake; a 6x6 room is about 41 tokens. There are no hint lines.
+token per cell, as in FrozenLake; a 6x6 room is about 41 tokens.
+
+With ``show_hints`` (off by default) a line follows the grid, as FrozenLake's neighbour hint does: what lies one
+step in each direction (a box says whether it can be pushed that way) and where the nearest box off target and its
+nearest free target are, e.g. ``Up: wall, Down: floor, Left: box (push), Right: floor; box 1 left; its target
+2 down 1 left of it``. It states what the grid shows, not which move to make; it is also the env's ``situation()``.
 """
 
 from __future__ import annotations
@@ -102,10 +107,42 @@ class Puzzle:
         """Whether a box off target sits in a corner, from where it can never move."""
         return any(_cornered(self.walls, box) for box in self.boxes - self.targets)
 
+    def hint(self) -> str:
+        """The ``show_hints`` line (module docstring): the four neighbours, then the nearest box off target and the
+        nearest free target to it, as offsets."""
+        blocked = self.walls | self.boxes
+        words = []
+        for action, (dr, dc) in MOVES.items():
+            cell = (self.player[0] + dr, self.player[1] + dc)
+            if cell in self.boxes:
+                word = "box (stuck)" if (cell[0] + dr, cell[1] + dc) in blocked else "box (push)"
+            else:
+                word = "wall" if cell in self.walls else "target" if cell in self.targets else "floor"
+            words.append(f"{action}: {word}")
+        line = ", ".join(words)
+        loose = self.boxes - self.targets
+        if loose:
+            box = min(loose, key=lambda b: (_distance(b, self.player), b))
+            target = min(self.targets - self.boxes, key=lambda t: (_distance(t, box), t))
+            line += f"; box {_offset(box, self.player)}; its target {_offset(target, box)} of it"
+        return line
+
     def moved(self, action: str) -> Puzzle:
         """The position after ``action`` (itself when the move is blocked)."""
         player, boxes = _forward(self.walls, self.state, action)
         return Puzzle(self.walls, self.targets, player, boxes, self.shape)
+
+
+def _distance(a: Pos, b: Pos) -> int:
+    return abs(a[0] - b[0]) + abs(a[1] - b[1])
+
+
+def _offset(p: Pos, origin: Pos) -> str:
+    """Where ``p`` lies from ``origin`` in words: ``2 down 1 left`` (``here`` when they coincide)."""
+    dr, dc = p[0] - origin[0], p[1] - origin[1]
+    parts = [f"{abs(dr)} {'down' if dr > 0 else 'up'}"] if dr else []
+    parts += [f"{abs(dc)} {'right' if dc > 0 else 'left'}"] if dc else []
+    return " ".join(parts) or "here"
 
 
 def _forward(walls: frozenset[Pos], state: State, action: str) -> State:
@@ -230,6 +267,7 @@ class Sokoban(Env):
         num_boxes: boxes (and targets) per puzzle.
         max_actions_per_turn: how many actions one response may carry; extra ones are ignored.
         min_solution, max_solution: the range of shortest-solution lengths puzzles are drawn from.
+        show_hints: add the line naming the neighbours and where the box and its target are (module docstring).
     """
 
     instructions = (
@@ -241,6 +279,7 @@ class Sokoban(Env):
 
     def __init__(
         self, size: int = 6, num_boxes: int = 1, max_actions_per_turn: int = 1, min_solution: int = 4, max_solution: int = 10,
+        show_hints: bool = False,
     ) -> None:
         if not 5 <= size <= 10:
             raise ValueError(f"size={size} must be between 5 and 10")
@@ -252,6 +291,7 @@ class Sokoban(Env):
             raise ValueError(f"need 1 <= min_solution <= max_solution, got {min_solution} and {max_solution}")
         self.size, self.num_boxes, self.max_actions_per_turn = size, num_boxes, max_actions_per_turn
         self.min_solution, self.max_solution = min_solution, max_solution
+        self.show_hints = show_hints
         self._rng = random.Random()
         self.puzzle = self.start = Puzzle.parse(_EXAMPLES[0])
         self.done = False
@@ -310,9 +350,16 @@ class Sokoban(Env):
             puzzle = Puzzle.parse(rows)
             plan = solve(puzzle)
             assert plan, "few-shot example puzzles must be solvable"
-            out.append((puzzle.render(), plan[0]))
+            out.append((self._text(puzzle), plan[0]))
         return out
 
+    def situation(self) -> str:
+        """The hint line (neighbours, the box's and its target's offsets): what recurs across puzzles."""
+        return self.puzzle.hint()
+
     def render(self) -> str:
-        text = self.puzzle.render()
-        return f"{text}\n{DEADLOCK_LINE}" if self.puzzle.deadlocked else text
+        return self._text(self.puzzle)
+
+    def _text(self, puzzle: Puzzle) -> str:
+        text = puzzle.render() + (f"\n{puzzle.hint()}" if self.show_hints else "")
+        return f"{text}\n{DEADLOCK_LINE}" if puzzle.deadlocked else text
