@@ -21,6 +21,7 @@ exceed R x FLOPs-per-token / (bytes read / bandwidth), however good the kernels.
 decode passes of 8-256 rows shows how close the engine gets to that bound, and to the peak, as rows grow.
 
     python bench/rollout.py [--rounds 2] [--contexts per_step full] [--sweep-rows 8 32 64 128 256] [--no-write]
+    python bench/rollout.py --engines hf native --contexts per_step --sweep-rows   # the decode figure, in minutes
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import append_results, matmul_peak, merge_result, read_bandwidth  # noqa: E402 - bench/ is not a package
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+ENGINES = ("hf-naive", "hf", "native-plain", "native")
 
 
 @dataclass
@@ -105,6 +109,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="measured collections per engine and context")
     ap.add_argument("--contexts", nargs="+", default=["per_step", "full"], choices=["per_step", "full"])
     ap.add_argument("--no-write", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES),
+                    help="engines to run (hf and native always: the ratios and the decode figure need them)")
     ap.add_argument("--sweep-rows", type=int, nargs="*", default=[8, 32, 64, 128, 256],
                     help="decode-pass sizes to time after the workload (none: skip)")
     args = ap.parse_args()
@@ -142,6 +148,7 @@ def main() -> int:
         }
         if context == "full":  # the head is the only thing shared; hf-naive and hf differ only in it
             engines.pop("hf-naive")
+        engines = {n: e for n, e in engines.items() if n in args.engines or n in ("hf", "native")}
         tot = {name: {"gen_s": 0.0, "gen_tok": 0, "prompt_tok": 0, "episodes": 0, "turns": 0} for name in engines}
         counters = {k: 0.0 for k in ("prefill_tokens", "decode_tokens", "prefill_s", "decode_s", "decode_only_passes",
                                      "decode_only_tokens", "decode_only_kv")}
@@ -203,7 +210,7 @@ def main() -> int:
     if not args.no_write:
         head = (
             f"\n### Rollout engines — {time.strftime('%Y-%m-%d %H:%M')}\n\n"
-            f"Command: `python bench/rollout.py --rounds {args.rounds} --contexts {' '.join(args.contexts)}` "
+            f"Command: `python {' '.join(sys.argv)}` "
             f"({platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}). Default workload: "
             f"SmolLM2-135M, FrozenLake 4x4, {T} tasks x {G} episodes, <= {cfg.env.max_turns} turns, {cfg.rollout.max_new_tokens} "
             "new tokens per turn, temperature 1; same seeds for every engine, each warmed up first.\n\n"
