@@ -22,7 +22,7 @@ def test_each_env_is_the_issues_env_under_the_smoke_budget():
     assert {c.env.id for c in cfgs.values()} == {"frozenlake-v0", "sokoban-v0", "searchqa-v0", "webshop-v0", "sql-v0",
                                                    "countdown-v0", "code-v0"}
     assert cfgs["frozenlake_raw"].env.kwargs == {"show_hints": False}
-    assert cfgs["sokoban"].env.kwargs == {"size": 5, "num_boxes": 1}
+    assert cfgs["sokoban"].env.kwargs == {"show_hints": True, "size": 5, "num_boxes": 1}  # 5x5, one box; the hint line
     assert all(c.eval.num_tasks == 4 and c.sft.steps == 2 and c.train.steps == 1 and c.sft.demos == "oracle"
                for c in cfgs.values())
     full = agents.env_config("countdown", Namespace(smoke=False, eval_tasks=0, sft_steps=7, overrides=["train.seed=3"]))
