@@ -142,7 +142,7 @@ def to_bar(args) -> int:
     runs = {f"async_s{k}": json.loads((out / f"async_s{k}.json").read_text()) for k in args.staleness}
     if args.sync:
         runs = {"sync": json.loads(Path(args.sync).read_text())} | runs
-    keep = ("met", "seconds_to_bar", "best_step", "steps", "trained", "ci95", "base", "random", "rule", "oracle",
+    keep = ("met", "seconds_to_bar", "seconds", "best", "best_step", "steps", "trained", "ci95", "base", "random", "rule", "oracle",
             "distinct_eval_tasks", "held_out_keys_trained_on", "run_dir")
     fields = {"staleness_to_bar": {"is_correction": args.is_correction, "seed": args.seed,
                                    "runs": {n: {k: r.get(k) for k in keep} for n, r in runs.items()}}}
@@ -155,11 +155,13 @@ def to_bar(args) -> int:
         f"async: is_correction {args.is_correction}; each run stops at its first evaluation at the bar (held-out "
         f"success >= 0.30 and +30 pp over step 0) or at its wall budget.",
         "",
-        "| run | bar met | step | seconds | held-out success [95% CI] | distinct held-out (trained on) |",
-        "|---|---|---:|---:|---:|---|",
-        *(f"| {n} | {'yes' if r['met'] else 'no'} | {r['best_step']} | {r['seconds_to_bar'] or r['seconds']:.0f} "
+        "| run | bar met | steps run | seconds (to the bar, else run) | last held-out success [95% CI] | best (step) "
+        "| distinct held-out (trained on) |",
+        "|---|---|---:|---:|---:|---:|---|",
+        *(f"| {n} | {'yes' if r['met'] else 'no'} | {r['steps']} | {r['seconds_to_bar'] or r['seconds']:.0f} "
           f"| {r['trained']:.3f} [{r['ci95']['trained'][0]:.2f}-{r['ci95']['trained'][1]:.2f}] "
-          f"| {r['distinct_eval_tasks']} ({r['held_out_keys_trained_on']}) |" for n, r in runs.items()),
+          f"| {r['best']:.3f} ({r['best_step']}) | {r['distinct_eval_tasks']} ({r['held_out_keys_trained_on']}) |"
+          for n, r in runs.items()),
         "",
         f"On the same held-out tasks: random {first['random']:.3f}, rule {first['rule']:.3f}, base {first['base']:.3f}, "
         f"oracle {first['oracle']:.3f}.",
