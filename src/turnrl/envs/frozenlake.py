@@ -37,10 +37,10 @@ import random
 from typing import Any
 
 from turnrl.envs.base import Env
+from turnrl.envs.grid import Pos, manhattan, offsets
 from turnrl.envs.parsing import parse_actions
 from turnrl.envs.search import shortest_plan
 
-Pos = tuple[int, int]
 
 ACTIONS = ("Left", "Down", "Right", "Up")  # Gymnasium's action order 0..3
 MOVES: dict[str, Pos] = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
@@ -265,6 +265,4 @@ def _direction_to_goal(desc: list[str], pos: Pos) -> str:
 def _goal_offsets(desc: list[str], pos: Pos) -> list[tuple[int, str]]:
     """``[(2, "down"), (3, "right")]``: the nonzero row then column distances from ``pos`` to the nearest ``G``."""
     goals = [(r, c) for r, row in enumerate(desc) for c, ch in enumerate(row) if ch == "G"]
-    gr, gc = min(goals, key=lambda g: abs(g[0] - pos[0]) + abs(g[1] - pos[1]))
-    dr, dc = gr - pos[0], gc - pos[1]
-    return [(abs(d), word) for d, word in ((dr, "down" if dr > 0 else "up"), (dc, "right" if dc > 0 else "left")) if d]
+    return offsets(min(goals, key=lambda g: manhattan(g, pos)), pos)

@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnrl.envs.base import Env
+from turnrl.envs.grid import Pos, manhattan, offsets
 from turnrl.envs.parsing import parse_actions
 from turnrl.envs.search import shortest_plan
 
-Pos = tuple[int, int]
 State = tuple[Pos, frozenset[Pos]]  # (player, boxes)
 
 ACTIONS = ("Up", "Down", "Left", "Right")
@@ -122,8 +122,8 @@ class Puzzle:
         line = ", ".join(words)
         loose = self.boxes - self.targets
         if loose:
-            box = min(loose, key=lambda b: (_distance(b, self.player), b))
-            target = min(self.targets - self.boxes, key=lambda t: (_distance(t, box), t))
+            box = min(loose, key=lambda b: (manhattan(b, self.player), b))
+            target = min(self.targets - self.boxes, key=lambda t: (manhattan(t, box), t))
             line += f"; box {_offset(box, self.player)}; its target {_offset(target, box)} of it"
         return line
 
@@ -133,16 +133,9 @@ class Puzzle:
         return Puzzle(self.walls, self.targets, player, boxes, self.shape)
 
 
-def _distance(a: Pos, b: Pos) -> int:
-    return abs(a[0] - b[0]) + abs(a[1] - b[1])
-
-
 def _offset(p: Pos, origin: Pos) -> str:
     """Where ``p`` lies from ``origin`` in words: ``2 down 1 left`` (``here`` when they coincide)."""
-    dr, dc = p[0] - origin[0], p[1] - origin[1]
-    parts = [f"{abs(dr)} {'down' if dr > 0 else 'up'}"] if dr else []
-    parts += [f"{abs(dc)} {'right' if dc > 0 else 'left'}"] if dc else []
-    return " ".join(parts) or "here"
+    return " ".join(f"{n} {word}" for n, word in offsets(p, origin)) or "here"
 
 
 def _forward(walls: frozenset[Pos], state: State, action: str) -> State:
