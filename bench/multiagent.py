@@ -10,6 +10,8 @@ Three measurements, each training the default model (SmolLM2-135M-Instruct) from
   the shared team advantage). Success is the team's (both roles share it).
 - **self-play** (nim-v0 with ``multiagent.selfplay=true``): the learner plays one role per task against a pool of its
   frozen past versions; evaluation plays every task against the base model, so its success is the win rate vs base.
+  The base model forfeits by invalid moves, so every legal player beats it; each player is also evaluated against
+  the fixed rule (one object from the largest heap), an opponent that always moves legally (``selfplay_vs_rule``).
 - **hierarchy** (``frozenlake-hier-v0`` vs ``frozenlake-8x8-v0``, docs/hierarchy.md): the same steps, tasks and
   episodes per step; the hierarchy's executor has the flat agent's 24 moves, its planner's turns come on top (joint
   limit 40). Both are evaluated every tenth of the run on the same held-out maps; ``hier_steps_ratio`` is the first
@@ -38,7 +40,7 @@ budget and tasks, beside the same baselines; with each arm's parameter count and
 
 merges into ``bench/results/multiagent.json`` (``machine.merge_result``: each field's command, date and commit under
 ``sources``) ``coop_per_agent``, ``coop_shared``, ``distinct_eval_tasks``, ``selfplay_winrate``, ``selfplay_ci95``,
-``hier_steps_ratio`` (and ``policies_shared``, ``policies_per_role`` with ``--arms per_role``), plus every row. Run
+``selfplay_vs_rule``, ``selfplay_vs_rule_ci95``, ``hier_steps_ratio`` (and ``policies_shared``, ``policies_per_role`` with ``--arms per_role``), plus every row. Run
 directories go to a temporary directory that is deleted (no checkpoints are kept).
 """
 
@@ -69,7 +71,8 @@ from turnrl.envs.nim import Nim, largest_heap_rule  # noqa: E402
 from turnrl.envs.relay import doors_message, no_message_rule  # noqa: E402
 from turnrl.loop import train  # noqa: E402
 from turnrl.monitor.metrics import eval_metrics  # noqa: E402
-from turnrl.rollout.multiagent import MultiAgentCollector  # noqa: E402
+from turnrl.rollout.multiagent import Lineup, MultiAgentCollector  # noqa: E402
+from turnrl.rollout.selfplay import SelfPlay  # noqa: E402
 
 BUDGETS = {"smoke": dict(steps=1, tasks=1, group=2, eval_tasks=4), "full": dict(steps=30, tasks=4, group=8, eval_tasks=32)}
 DIGITS, DOORS = 3, 3  # the cooperative arms' env: relay-doors-v0 (``--digits``, ``--doors``)
@@ -174,19 +177,18 @@ def trained(cfg: Config) -> tuple[dict[str, Any], dict[str, Any], list[dict[str,
     return row(evals[0]), row(evals[-1]), rows, c
 
 
-def baselines(c: Any, policies: dict[str, Policy], against_base: bool) -> dict[str, dict[str, Any]]:
-    """Each policy on the run's held-out tasks through the multi-agent collector; ``against_base``: it plays the
-    learner's role and the base model (``c.selfplay``'s) every other one."""
-    seeds = [t.seed for t in c.tasks.eval_tasks]
-    lineup = c.selfplay.against_base() if against_base else None
-    out = {}
-    for name, policy in policies.items():
-        engine: Engine = PolicyEngine(c.tokenizer, policy)  # type: ignore[assignment]
-        collector = MultiAgentCollector(engine, c.tokenizer, c.collector.env_factory, c.collector.context, lineup=lineup)
-        t0 = time.perf_counter()
-        groups = collector.collect(seeds, 1, sampling_params(c.cfg, greedy=True), env_id=c.cfg.env.id)
-        out[name] = row(eval_metrics(groups, time.perf_counter() - t0))
-    return out
+def play(c: Any, engine: Engine, lineup: Lineup | None) -> dict[str, Any]:
+    """``engine`` on the run's held-out tasks, greedy, through the multi-agent collector; ``lineup`` plays the other
+    roles (None: ``engine`` plays every role)."""
+    collector = MultiAgentCollector(engine, c.tokenizer, c.collector.env_factory, c.collector.context, lineup=lineup)
+    t0 = time.perf_counter()
+    groups = collector.collect([t.seed for t in c.tasks.eval_tasks], 1, sampling_params(c.cfg, greedy=True), env_id=c.cfg.env.id)
+    return row(eval_metrics(groups, time.perf_counter() - t0))
+
+
+def baselines(c: Any, policies: dict[str, Policy], lineup: Lineup | None = None) -> dict[str, dict[str, Any]]:
+    """Each policy on the run's held-out tasks (:func:`play`), reading only its own role's prompt."""
+    return {name: play(c, PolicyEngine(c.tokenizer, policy), lineup) for name, policy in policies.items()}  # type: ignore[arg-type]
 
 
 def cell(r: dict[str, Any]) -> str:
@@ -207,7 +209,7 @@ def coop_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: rando
     for arm, estimator in (("per_agent", "counterfactual"), ("shared", "team_grpo")):
         cfg = config("relay-v0", budget, tmp, {"algo": {"estimator": estimator}, **code, **extra})
         coop["base"], coop[arm], _, c = trained(cfg)
-    coop.update(baselines(c, relay_policies(rng, budget["digits"]), against_base=False))
+    coop.update(baselines(c, relay_policies(rng, budget["digits"])))
     print(f"\nrelay-v0 ({budget['doors']} doors, {budget['digits']}-digit codes), team success on {coop['base']['distinct_tasks']} held-out tasks ({budget}):")
     for name in ("random", "rule", "base", "per_agent", "shared", "oracle"):
         print(f"  {name:10s} {cell(coop[name])}")
@@ -221,12 +223,19 @@ def selfplay_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: r
     selfplay: dict[str, Any] = {}
     selfplay["base"], selfplay["trained"], curve, c = trained(cfg)
     selfplay["elo"] = {k: v for k, v in curve[-1].items() if k.startswith("selfplay/elo")}
-    selfplay.update(baselines(c, nim_policies(rng), against_base=True))
-    print(f"nim-v0, win rate against the base model on {selfplay['base']['distinct_tasks']} held-out tasks:")
+    policies = nim_policies(rng)
+    selfplay.update(baselines(c, policies, c.selfplay.against_base()))
+    # the base model forfeits by invalid moves, so anything legal beats it: a legal opponent (the rule) tells skill apart
+    rule = SelfPlay.against(PolicyEngine(c.tokenizer, policies["rule"]))  # type: ignore[arg-type]
+    vs_rule = baselines(c, {k: policies[k] for k in ("random", "rule", "oracle")}, rule)
+    vs_rule |= {"base": play(c, c.selfplay.base.engine, rule), "trained": play(c, c.engine, rule)}
+    selfplay["vs_rule"] = vs_rule
+    print(f"nim-v0, win rate on {selfplay['base']['distinct_tasks']} held-out tasks, against the base model | against the rule:")
     for name in ("random", "rule", "base", "trained", "oracle"):
-        print(f"  {name:10s} {cell(selfplay[name])}")
+        print(f"  {name:10s} {cell(selfplay[name])} | {cell(vs_rule[name]) if name in vs_rule else '-'}")
     print(f"  Elo after training: {json.dumps({k: round(v, 1) for k, v in selfplay['elo'].items()})}")
     return {"selfplay_winrate": selfplay["trained"]["success"], "selfplay_ci95": selfplay["trained"]["ci95"],
+            "selfplay_vs_rule": vs_rule["trained"]["success"], "selfplay_vs_rule_ci95": vs_rule["trained"]["ci95"],
             "selfplay": selfplay}
 
 
@@ -286,7 +295,7 @@ def per_role_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: r
         steps = [r for r in rows if "perf/train_s" in r]
         arms[policies] |= {"parameters_m": sum(p.numel() for p in c.model.parameters()) / 1e6,
                            "step_s": sum(r["perf/rollout_s"] + r["perf/train_s"] for r in steps) / len(steps)}
-    arms.update(baselines(c, relay_policies(rng, budget["digits"]), against_base=False))
+    arms.update(baselines(c, relay_policies(rng, budget["digits"])))
     print(f"\nrelay-v0 ({budget['doors']} doors), team success on {arms['base']['distinct_tasks']} held-out tasks, shared model vs per-role ({budget}):")
     for name in ("random", "rule", "base", "shared", "per_role", "oracle"):
         more = f"  {arms[name]['parameters_m']:.1f}M parameters, {arms[name]['step_s']:.1f} s/step" if "step_s" in arms[name] else ""

@@ -9,6 +9,7 @@ disk). The pool starts with the base model (``"base"``, kept for good) and gains
 Ratings: after each step every training game updates an :class:`Elo` rating of ``"learner"`` against the member it
 played (score 1 for a win, 0 for a loss, 0.5 for a game no one won: truncated). :meth:`SelfPlay.against_base` is the
 evaluation lineup: every opponent is the base model, so evaluation's success rate is the win rate against the base.
+:meth:`SelfPlay.against` gives the same lineup with any other engine as the opponent (a fixed rule, a stronger model).
 """
 
 from __future__ import annotations
@@ -87,8 +88,13 @@ class SelfPlay:
         self._played[seed] = member.name
         return {r: member.engine for r in roles if r != self.learner_role(seed, roles)}
 
-    def against_base(self) -> "BaseOpponent":
-        return BaseOpponent(self)
+    def against_base(self) -> "Against":
+        return self.against(self.base.engine)
+
+    @staticmethod
+    def against(engine: Engine) -> "Against":
+        """The evaluation lineup with ``engine`` playing every role but the learner's."""
+        return Against(engine)
 
     def after_step(self, step: int, groups: Sequence[TrajectoryGroup], metrics: Mapping[str, float]) -> dict[str, float]:
         """Rate the step's games, snapshot the learner when due; returns the ``selfplay/*`` metrics, with the step's
@@ -116,10 +122,10 @@ class SelfPlay:
 
 
 @dataclass
-class BaseOpponent:
-    """The evaluation lineup: the learner's role as in training, every other role played by the base model."""
+class Against:
+    """An evaluation lineup: the learner's role as in training, every other role played by ``engine``."""
 
-    selfplay: SelfPlay
+    engine: Engine
 
     def opponents(self, seed: int, roles: Sequence[str]) -> Mapping[str, Engine]:
-        return {r: self.selfplay.base.engine for r in roles if r != SelfPlay.learner_role(seed, roles)}
+        return {r: self.engine for r in roles if r != SelfPlay.learner_role(seed, roles)}
