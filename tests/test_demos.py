@@ -68,6 +68,25 @@ def test_a_demonstration_is_what_the_collector_records_for_the_oracles_actions(t
             assert demo.turns[0].prompt_ids == renderer.per_step_prompt(demo.turns[0].observation)
 
 
+def test_a_multi_agent_env_is_demonstrated_by_a_team_of_oracles_one_trajectory_per_role(tokenizer, tiny_model):
+    c = components(tokenizer, tiny_model, "env.id=relay-v0", "env.kwargs={doors: 3}", "env.progress_reward=0",
+                   "rollout.max_new_tokens=24")
+    demos = oracle_demos(c, 4)
+    assert len(demos) == 4 and all(d.success for d in demos) and {d.agent for d in demos} == {"speaker", "listener"}
+    assert not {d.task_key for d in demos} & c.tasks.held_keys
+    for demo in demos:  # each turn is the role's oracle action on the same task, tokenized and ended with EOS
+        env = make("relay-v0", doors=3)
+        env.reset(seed=demo.seed)
+        speaker = env.oracle("speaker")
+        env.step({"speaker": speaker})
+        action = speaker if demo.agent == "speaker" else env.oracle("listener")
+        assert [t.response_text for t in demo.turns] == [action]
+        assert demo.turns[0].response_ids == tokenizer.encode(action, add_special_tokens=False) + [tokenizer.eos_token_id]
+        assert demo.task_key == env.task_key()
+    samples = demo_samples(demos)  # what turnrl sft trains on: only the role's own tokens
+    assert [[i for i, m in zip(s.input_ids, s.loss_mask) if m] for s in samples] == [d.turns[0].response_ids for d in demos]
+
+
 @pytest.mark.parametrize("strategy", ["per_step", "full"])
 def test_the_loss_mask_covers_only_the_agents_tokens(tokenizer, tiny_model, strategy):
     c = components(tokenizer, tiny_model, "env.id=frozenlake-v0", f"rollout.context={strategy}")

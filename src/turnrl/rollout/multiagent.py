@@ -2,7 +2,8 @@
 each role in its own context, and each role's turns become its own :class:`~turnrl.types.Trajectory`.
 
 Per-role policies (``multiagent.policies=per_role``): when the collector's engine is a :class:`RoleEngines`, each
-role is played by its own engine (its own weights) instead; everything else below holds unchanged.
+role is played by its own engine (its own weights) instead; everything else below holds unchanged. An
+:class:`EpisodeEngines` makes each episode's role an engine of its own when the episode starts (the oracle team).
 
 Role prompts: a role's context is an :class:`~turnrl.agent.context.EpisodeContext` whose renderer has the role's
 system prompt (``env.role_instructions[role]``) and the role's few-shot examples, so the shared model knows which
@@ -72,6 +73,15 @@ class RoleEngines:
     def load_state_dict(self, state: Mapping[str, dict]) -> None:
         for role, engine in self.engines.items():
             engine.load_state_dict(state[role])
+
+
+class EpisodeEngines:
+    """An engine made for each episode and role when the episode starts, as the run's one engine: ``make(env, role)``
+    returns the engine that plays ``role`` in the episode of ``env`` (a scripted player that reads the env, such as the
+    oracle team whose episodes ``turnrl sft`` records). It does not generate itself; its ``version`` is recorded."""
+
+    def __init__(self, make: Callable[[MultiAgentEnv, str], Engine], version: int = 0) -> None:
+        self.make, self.version = make, version
 
 
 def role_metrics(groups: Sequence[TrajectoryGroup], prefix: str) -> dict[str, float]:
@@ -166,7 +176,7 @@ class MultiAgentCollector(Collector):
             if not isinstance(observations, dict) or set(observations) != set(env.roles):
                 raise EnvFault(f"reset returned {type(observations).__name__} observations, not one per role {list(env.roles)}")
             for role in env.roles:
-                engine = opponents[role] if role in opponents else self._engine_of(role)
+                engine = opponents[role] if role in opponents else self._engine_of(role, env)
                 ep.agents[role] = _Agent(self.role_renderer(env, role), engine, trajs.get(role),
                                          observation=_text(observations[role]))
             key = env.task_key()
@@ -177,9 +187,12 @@ class MultiAgentCollector(Collector):
             traj.task_key = key
         return ep
 
-    def _engine_of(self, role: str) -> Engine:
-        """The engine that plays a recorded ``role``: its own under per-role policies, else the collector's."""
-        return self.engine.engines[role] if isinstance(self.engine, RoleEngines) else self.engine
+    def _engine_of(self, role: str, env: MultiAgentEnv) -> Engine:
+        """The engine that plays a recorded ``role`` in ``env``'s episode: its own under per-role policies, one made
+        for the episode by :class:`EpisodeEngines`, else the collector's."""
+        if isinstance(self.engine, RoleEngines):
+            return self.engine.engines[role]
+        return self.engine.make(env, role) if isinstance(self.engine, EpisodeEngines) else self.engine
 
     async def _joint_step(self, live: list[_Episode], sampling: SamplingParams) -> list[_Episode]:
         """One joint step of every live episode: batched generation per engine, then every env steps concurrently."""
