@@ -38,7 +38,6 @@ import argparse
 import json
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from baselines import cell, measure, summary  # noqa: E402
+from learn_default import finished, launch  # noqa: E402
 from machine import append_results, merge_result, write_result  # noqa: E402
 
 SMOKE = ["train.steps=2", "rollout.tasks_per_step=2", "rollout.group_size=2", "eval.num_tasks=8"]
@@ -126,19 +126,11 @@ def to_bar(args) -> int:
     out = Path(args.from_runs or args.run_root)
     if not args.from_runs:
         out.mkdir(parents=True, exist_ok=True)
-        procs = {}
-        for k in args.staleness:
-            name = f"async_s{k}"
-            cmd = [sys.executable, str(ROOT / "bench" / "learn_default.py"), "-c", str(args.config), "--minutes",
-                   str(args.minutes), "--no-write", "--out", str(out / f"{name}.json"), f"log.run_dir={out}",
-                   f"log.name={name}", f"train.seed={args.seed}", "train.threads=1", "eval.stop_at_success=0.3",
-                   "train.steps=500", "scale.async_mode=true", f"scale.max_staleness={k}",
-                   f"algo.is_correction={args.is_correction}", *args.overrides]
-            print(f"staleness {k}: {shlex.join(cmd[1:])}", flush=True)
-            procs[k] = subprocess.Popen(cmd, stdout=(out / f"{name}.log").open("w"), stderr=subprocess.STDOUT)
-        for k, p in procs.items():
-            if p.wait() != 0:
-                raise SystemExit(f"the staleness-{k} run failed (exit {p.returncode}): see {out}/async_s{k}.log")
+        procs = {f"async_s{k}": launch(args.config, args.minutes, out, f"async_s{k}", [
+            f"train.seed={args.seed}", "train.threads=1", "eval.stop_at_success=0.3", "train.steps=500",
+            "scale.async_mode=true", f"scale.max_staleness={k}", f"algo.is_correction={args.is_correction}",
+            *args.overrides]) for k in args.staleness}
+        finished(procs, out)
     runs = {f"async_s{k}": json.loads((out / f"async_s{k}.json").read_text()) for k in args.staleness}
     if args.sync:
         runs = {"sync": json.loads(Path(args.sync).read_text())} | runs

@@ -185,6 +185,25 @@ def report(args, run_dir: Path, setup_s: float, total_s: float | None) -> dict:
     }
 
 
+def launch(config: Path, minutes: float, out_dir: Path, name: str, overrides: list[str]) -> subprocess.Popen:
+    """One run of this script in a child process: ``config`` for ``minutes``, its result fields in OUT_DIR/NAME.json,
+    its run directory OUT_DIR/NAME, its output in OUT_DIR/NAME.log (the command is printed first)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "-c", str(config), "--minutes", str(minutes), "--no-write",
+           "--out", str(out_dir / f"{name}.json"), f"log.run_dir={out_dir}", f"log.name={name}", *overrides]
+    log = out_dir / f"{name}.log"
+    print(f"{name}: {shlex.join(cmd[1:])} (log {log})", flush=True)
+    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def finished(procs: dict[str, subprocess.Popen], out_dir: Path) -> dict[str, dict]:
+    """The result fields of every :func:`launch` ed run, by name, once all have ended; SystemExit naming the log of
+    the first that failed."""
+    for name, p in procs.items():
+        if p.wait() != 0:
+            raise SystemExit(f"the run {name} failed (exit {p.returncode}): see {out_dir / name}.log")
+    return {name: json.loads((out_dir / f"{name}.json").read_text()) for name in procs}
+
+
 def speed(args) -> int:
     """Today's recipe against ``--new`` on the same seeds, side by side; seconds to the bar for each (module doc)."""
     machine = facts()  # measured before the runs, on the machine as they find it
@@ -193,21 +212,13 @@ def speed(args) -> int:
     out_dir = Path(args.run_root)
     out_dir.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:
-        procs = {}
+        procs = {f"speed_{side}_s{seed}": launch(args.config, args.minutes, out_dir, f"speed_{side}_s{seed}", [
+            f"train.seed={seed}", f"train.threads={args.threads}", f"eval.stop_at_success={args.bar}",
+            f"train.steps={args.max_steps}",  # the wall budget binds, not the step count (the lr is constant)
+            *args.overrides, *extra[side]]) for side in runs}
+        done = finished(procs, out_dir)
         for side in runs:
-            name = f"speed_{side}_s{seed}"
-            cmd = [sys.executable, __file__, "-c", str(args.config), "--minutes", str(args.minutes), "--no-write",
-                   "--out", str(out_dir / f"{name}.json"), f"log.run_dir={out_dir}", f"log.name={name}",
-                   f"train.seed={seed}", f"train.threads={args.threads}", f"eval.stop_at_success={args.bar}",
-                   f"train.steps={args.max_steps}",  # the wall budget binds, not the step count (the lr is constant)
-                   *args.overrides, *extra[side]]
-            log = (out_dir / f"{name}.log").open("w")
-            print(f"[seed {seed}] {side}: {' '.join(shlex.quote(a) for a in cmd[1:])} (log {log.name})", flush=True)
-            procs[side] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        for side, p in procs.items():
-            if p.wait() != 0:
-                raise SystemExit(f"the {side} side of seed {seed} failed (exit {p.returncode}): see {out_dir}/speed_{side}_s{seed}.log")
-            runs[side].append(json.loads((out_dir / f"speed_{side}_s{seed}.json").read_text()))
+            runs[side].append(done[f"speed_{side}_s{seed}"])
 
     def median_to_bar(side):  # None when a seed never reached the bar: the side did not meet it
         vals = [r["seconds_to_bar"] for r in runs[side]]

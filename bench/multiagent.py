@@ -32,6 +32,7 @@ maps (random move; Down if the hint says frozen, else Right; the shortest path),
     python bench/multiagent.py --smoke     # end-to-end check: 1 step per arm, 1 task x 2 episodes, 4 eval tasks
     python bench/multiagent.py             # full budget: 30 steps per arm, 4 tasks x 8 episodes, 32 eval tasks
     python bench/multiagent.py --arms hier # one measurement; the result file keeps the others' fields
+    python bench/multiagent.py --arms coop --sft 10  # both coop arms start from 10 SFT steps on oracle-team episodes
     python bench/multiagent.py --smoke --arms per_role  # shared model vs a policy per role (relay-v0)
 
 A fourth measurement, only when asked (``--arms per_role``): relay-v0 trained with one shared model for both roles and
@@ -73,6 +74,7 @@ from turnrl.loop import train  # noqa: E402
 from turnrl.monitor.metrics import eval_metrics  # noqa: E402
 from turnrl.rollout.multiagent import Lineup, MultiAgentCollector  # noqa: E402
 from turnrl.rollout.selfplay import SelfPlay  # noqa: E402
+from turnrl.sft import sft  # noqa: E402
 
 BUDGETS = {"smoke": dict(steps=1, tasks=1, group=2, eval_tasks=4), "full": dict(steps=30, tasks=4, group=8, eval_tasks=32)}
 DIGITS, DOORS = 3, 3  # the cooperative arms' env: relay-doors-v0 (``--digits``, ``--doors``)
@@ -203,16 +205,27 @@ def relay_code(budget: dict[str, int]) -> dict[str, Any]:
 
 
 def coop_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: random.Random) -> dict[str, Any]:
-    """relay-v0: per-agent (counterfactual) credit vs the shared team reward, beside the baselines."""
+    """relay-v0: per-agent (counterfactual) credit vs the shared team reward, beside the baselines; with ``--sft N``
+    both arms start from one checkpoint fine-tuned for N steps on the oracle team's episodes of training tasks."""
     coop: dict[str, Any] = {}
     code = relay_code(budget)
+    start: dict[str, Any] = {}
+    if budget["sft"]:
+        run = sft(config("relay-v0", budget, tmp, {"sft": {"steps": budget["sft"], "num_demos": 64}, **code, **extra}))
+        coop["untrained"] = row(run.before)
+        start = {"model": {"path": str(run.model_path)}}
+        gc.collect()
+    first = "sft" if budget["sft"] else "base"  # the arms' step-0 evaluation
     for arm, estimator in (("per_agent", "counterfactual"), ("shared", "team_grpo")):
-        cfg = config("relay-v0", budget, tmp, {"algo": {"estimator": estimator}, **code, **extra})
-        coop["base"], coop[arm], _, c = trained(cfg)
+        cfg = config("relay-v0", budget, tmp, {"algo": {"estimator": estimator}, **code, **extra, **start})
+        coop[first], coop[arm], _, c = trained(cfg)
     coop.update(baselines(c, relay_policies(rng, budget["digits"])))
+    if budget["sft"]:
+        coop["base"] = coop.pop("untrained")
     print(f"\nrelay-v0 ({budget['doors']} doors, {budget['digits']}-digit codes), team success on {coop['base']['distinct_tasks']} held-out tasks ({budget}):")
-    for name in ("random", "rule", "base", "per_agent", "shared", "oracle"):
-        print(f"  {name:10s} {cell(coop[name])}")
+    for name in ("random", "rule", "base", "sft", "per_agent", "shared", "oracle"):
+        if name in coop:
+            print(f"  {name:10s} {cell(coop[name])}")
     return {"coop_per_agent": coop["per_agent"]["success"], "coop_shared": coop["shared"]["success"],
             "distinct_eval_tasks": coop["base"]["distinct_tasks"], "coop": coop}
 
@@ -319,8 +332,11 @@ def main() -> None:
     parser.add_argument("--doors", type=int, default=DOORS,
                         help="relay-v0's coloured doors in the cooperative arms (1: one code, which the base model "
                         "already relays 0.94 of the time at 5 and 8 digits; 3: relay-doors-v0)")
+    parser.add_argument("--sft", type=int, default=0, metavar="STEPS",
+                        help="cooperative arms: start both from the base fine-tuned for STEPS steps on 64 oracle-team "
+                        "demonstrations of training tasks (0: from the base model)")
     args = parser.parse_args()
-    budget = {**BUDGETS["smoke" if args.smoke else "full"], "digits": args.digits, "doors": args.doors}
+    budget = {**BUDGETS["smoke" if args.smoke else "full"], "digits": args.digits, "doors": args.doors, "sft": args.sft}
     rng = random.Random(0)
     extra = {"train": {"threads": args.threads}} if args.threads else {}
     t0 = time.perf_counter()
