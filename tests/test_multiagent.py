@@ -105,8 +105,8 @@ def test_opponent_roles_are_played_by_their_engine_and_not_recorded(tokenizer):
     assert first.termination == Termination.TERMINATED and first.total_reward in (1.0, -1.0) and first.team_return == 0.0
 
 
-def _traj(agent, reward, team, anchors):
-    turns = [Turn([1], [2], [0.0], "o", "r", anchor=a) for a in anchors]
+def _traj(agent, reward, team, anchors, action="r"):
+    turns = [Turn([1], [2], [0.0], "o", action, actions=[action], anchor=a) for a in anchors]
     turns[-1].reward = reward
     return Trajectory("x", 0, turns, Termination.TERMINATED, agent=agent, team_return=team)
 
@@ -129,9 +129,10 @@ def test_team_grpo_gives_every_agent_the_team_advantage():
 
 
 def test_counterfactual_baseline_on_a_hand_made_group():
-    # four listeners of one task; two got message "A" (team returns 1, 0), two got "B" (0, 0), one of which acted twice
-    trajs = [_traj("listener", 0.0, 1.0, ["A"]), _traj("listener", 0.0, 0.0, ["A"]),
-             _traj("listener", 0.0, 0.0, ["B"]), _traj("listener", 0.0, 0.0, ["B", "C"])]
+    # four listeners of one task, each entering its own code; two got message "A" (team returns 1, 0), two got "B"
+    # (0, 0), one of which acted twice
+    trajs = [_traj("listener", 0.0, 1.0, ["A"], "ENTER 1"), _traj("listener", 0.0, 0.0, ["A"], "ENTER 2"),
+             _traj("listener", 0.0, 0.0, ["B"], "ENTER 3"), _traj("listener", 0.0, 0.0, ["B", "C"], "ENTER 4")]
     adv = get_estimator("counterfactual")([TrajectoryGroup("x", 0, trajs)], CreditParams(norm_std=False))
     # "A": baseline mean(1, 0) = 0.5; "B": mean(0, 0) = 0; "C" seen once: the group mean 0.25
     assert np.allclose(adv.turns[0], [0.5]) and np.allclose(adv.turns[1], [-0.5])
@@ -140,6 +141,22 @@ def test_counterfactual_baseline_on_a_hand_made_group():
     assert np.allclose(normed.turns[0], [0.5 / (0.5 + 1e-6)])  # sample std of (1, 0, 0, 0) is 0.5
     flat = [_traj("speaker", 0.0, 1.0, ["s"]) for _ in range(3)]
     assert get_estimator("counterfactual")([TrajectoryGroup("x", 0, flat)], CreditParams()).turns == [[0.0]] * 3
+
+
+def test_counterfactual_credits_an_action_with_the_mean_return_of_the_copies_that_took_it():
+    # four speakers of one task: two sent message "M" (their listeners' team returns 1 and 0: one listener erred), two
+    # sent "W" (0, 0). Each speaker's Q is the mean over its message's copies, so the right message's speaker whose
+    # listener erred is not blamed: both "M" speakers get 0.5 - 0.25, both "W" speakers 0 - 0.25
+    speakers = [_traj("speaker", 0.0, team, ["codes"], message) for team, message in ((1.0, "M"), (0.0, "M"), (0.0, "W"), (0.0, "W"))]
+    adv = get_estimator("counterfactual")([TrajectoryGroup("x", 0, speakers)], CreditParams(norm_std=False))
+    assert np.allclose([a[0] for a in adv.turns], [0.25, 0.25, -0.25, -0.25])
+    team = get_estimator("team_grpo")([TrajectoryGroup("x", 0, speakers)], CreditParams(norm_std=False))
+    assert np.allclose([a[0] for a in team.turns], [0.75, -0.25, -0.25, -0.25])  # the shared reward blames it
+    # their listeners: the two that heard "M" entered different codes, so each gets its own return against "M"'s mean
+    listeners = [_traj("listener", 0.0, team, [f"message: {m}"], entry)
+                 for team, m, entry in ((1.0, "M", "ENTER 1"), (0.0, "M", "ENTER 2"), (0.0, "W", "ENTER 3"), (0.0, "W", "ENTER 3"))]
+    adv = get_estimator("counterfactual")([TrajectoryGroup("x", 0, listeners)], CreditParams(norm_std=False))
+    assert np.allclose([a[0] for a in adv.turns], [0.5, -0.5, 0.0, 0.0])
 
 
 def test_elo_update_math():

@@ -7,7 +7,8 @@ read instead the episode's team return ``T_i`` (``Trajectory.team_return``, the 
 their returns; for a team that shares one reward, that reward):
 
 - ``team_grpo``: every agent's turns get the team's GRPO advantage, the same for all agents of an episode;
-- ``counterfactual``: a COMA-style baseline per turn, from the group's other actions of that agent at the same state.
+- ``counterfactual``: a COMA-style advantage per turn: the mean team return of the group's copies that took the same
+  action at the same state, against the mean over every copy that faced that state.
 
 Both raise ``ValueError`` on trajectories without a team return (a single-agent env).
 """
@@ -19,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from turnrl.credit.base import CreditParams, broadcast_to_turns, register_estimator
-from turnrl.types import Advantages, Trajectory, TrajectoryGroup
+from turnrl.types import Advantages, Trajectory, TrajectoryGroup, Turn
 
 
 def team_returns(group: TrajectoryGroup) -> np.ndarray:
@@ -65,20 +66,25 @@ def team_grpo(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advant
 def counterfactual(groups: Sequence[TrajectoryGroup], params: CreditParams) -> Advantages:
     r"""A counterfactual baseline from the group (after COMA, Foerster et al. 2018, arXiv:1705.08926).
 
-    COMA credits agent a's action u^a at state s with Q(s, u) - \sum_{u'} \pi^a(u' | s) Q(s, (u^{-a}, u')): the joint
-    return minus its expectation over a's *own* alternative actions, everything else held fixed. Without a critic, a
-    group of copies of one task gives a Monte Carlo estimate of that expectation. For turn t of agent a's trajectory i
-    (a group holds one role's copies of one task), with anchor s_{i,t} (``Turn.anchor``, the env's key of the state
-    as a saw it, ``MultiAgentEnv.anchor(role)``):
+    COMA credits agent a's action u^a at state s with Q(s, u) - \sum_{u'} \pi^a(u' | s) Q(s, (u^{-a}, u')): the
+    value of the action taken minus its expectation over a's *own* alternative actions, everything else held fixed.
+    Without a critic, a group of copies of one task gives Monte Carlo estimates of both terms. For turn t of agent a's
+    trajectory i (a group holds one role's copies of one task), with anchor s_{i,t} (``Turn.anchor``, the env's key of
+    the state as a saw it, ``MultiAgentEnv.anchor(role)``) and action u_{i,t} (the parsed actions, ``Turn.actions``;
+    the response text when it held none):
 
-        J(s)      = { j in group : some turn of j has anchor s }          copies where a faced the same state
-        b_{i,t}   = mean_{j in J(s_{i,t})} T_j    if |J(s_{i,t})| >= 2,   else mean_{j in group} T_j
-        A_{i,t}   = (T_i - b_{i,t}) / (std_group(T) + eps)                (no division without ``norm_std``)
+        J(s)      = { j in group : some turn of j has anchor s }                copies where a faced the same state
+        K(s, u)   = { j in J(s) : at s, j took action u }                       copies that also acted the same
+        b_{i,t}   = mean_{j in J(s_{i,t})} T_j         if |J(s_{i,t})| >= 2,   else mean_{j in group} T_j
+        Q_{i,t}   = mean_{j in K(s_{i,t}, u_{i,t})} T_j                         (T_i when i is alone there)
+        A_{i,t}   = (Q_{i,t} - b_{i,t}) / (std_group(T) + eps)                 (no division without ``norm_std``)
 
     The members of J(s) sampled their own action at s from the same policy, so their mean team return estimates the
-    team's expected return over a's alternatives at s: a turn gets credit only for what its own action changed. A
-    speaker whose message was wrong is compared with every speaker of the task; a listener is compared only with
-    listeners that got the same message, so a team failure caused by the message does not blame the listener.
+    team's expected return over a's alternatives at s; the members of K(s, u) differ from i only in what happened
+    after a acted, so their mean estimates Q(s, u) with the other agents' luck averaged out. A turn gets credit only
+    for what its own action changed. In the relay: a speaker is compared with every speaker of its task, and credited
+    with how often its message led its listeners to success (a right message is not blamed for a listener's wrong
+    entry); a listener is compared only with listeners that got the same message (a wrong message does not blame it).
 
     Deviations from COMA: no learned Q (Monte Carlo team returns of the group); with turn-taking, agents that act
     after a are not held fixed (they answer a's action, as in the environment); a state no other copy reached falls
@@ -94,19 +100,27 @@ def counterfactual(groups: Sequence[TrajectoryGroup], params: CreditParams) -> A
     return Advantages(rows)
 
 
+def _action(turn: Turn) -> str:
+    """What a turn did, as the env saw it: its parsed actions, else (none parsed) its response text."""
+    return "\n".join(turn.actions) if turn.actions else "text:" + turn.response_text
+
+
 def _baselined(trajs: Sequence[Trajectory], t: np.ndarray, scale: float) -> list[list[float]]:
     """``A_{i,t}`` of :func:`counterfactual` for one group with team returns ``t``."""
     holders: dict[str, set[int]] = {}
+    takers: dict[tuple[str, str], set[int]] = {}
     for j, traj in enumerate(trajs):
         for turn in traj.turns:
             if turn.anchor is not None:
                 holders.setdefault(turn.anchor, set()).add(j)
+                takers.setdefault((turn.anchor, _action(turn)), set()).add(j)
     rows = []
     for i, traj in enumerate(trajs):
         row = []
         for turn in traj.turns:
             same = holders.get(turn.anchor, set()) if turn.anchor is not None else set()
             baseline = float(t[sorted(same)].mean()) if len(same) >= 2 else float(t.mean())
-            row.append((float(t[i]) - baseline) / scale)
+            took = takers.get((turn.anchor, _action(turn)), {i}) if turn.anchor is not None else {i}
+            row.append((float(t[sorted(took)].mean()) - baseline) / scale)
         rows.append(row)
     return rows
