@@ -32,7 +32,7 @@ maps (random move; Down if the hint says frozen, else Right; the shortest path),
     python bench/multiagent.py --smoke     # end-to-end check: 1 step per arm, 1 task x 2 episodes, 4 eval tasks
     python bench/multiagent.py             # full budget: 30 steps per arm, 4 tasks x 8 episodes, 32 eval tasks
     python bench/multiagent.py --arms hier # one measurement; the result file keeps the others' fields
-    python bench/multiagent.py --arms coop --sft 10  # both coop arms start from 10 SFT steps on oracle-team episodes
+    python bench/multiagent.py --arms coop --sft 5 --seeds 0 1 2  # both coop arms from 5 SFT steps, three seeds
     python bench/multiagent.py --smoke --arms per_role  # shared model vs a policy per role (relay-v0)
 
 A fourth measurement, only when asked (``--arms per_role``): relay-v0 trained with one shared model for both roles and
@@ -204,29 +204,42 @@ def relay_code(budget: dict[str, int]) -> dict[str, Any]:
             "rollout": {"max_new_tokens": 10 + 6 * (budget["doors"] - 1)}}
 
 
-def coop_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: random.Random) -> dict[str, Any]:
-    """relay-v0: per-agent (counterfactual) credit vs the shared team reward, beside the baselines; with ``--sft N``
-    both arms start from one checkpoint fine-tuned for N steps on the oracle team's episodes of training tasks."""
-    coop: dict[str, Any] = {}
+def coop_runs(budget: dict[str, Any], tmp: str, extra: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """One seed of the cooperative arms: the held-out rows of the base, the SFT start (with ``--sft``), per-agent
+    and shared credit, and the last run's components."""
+    rows: dict[str, Any] = {}
     code = relay_code(budget)
     start: dict[str, Any] = {}
     if budget["sft"]:
         run = sft(config("relay-v0", budget, tmp, {"sft": {"steps": budget["sft"], "num_demos": 64}, **code, **extra}))
-        coop["untrained"] = row(run.before)
+        rows["base"] = row(run.before)
         start = {"model": {"path": str(run.model_path)}}
         gc.collect()
     first = "sft" if budget["sft"] else "base"  # the arms' step-0 evaluation
     for arm, estimator in (("per_agent", "counterfactual"), ("shared", "team_grpo")):
         cfg = config("relay-v0", budget, tmp, {"algo": {"estimator": estimator}, **code, **extra, **start})
-        coop[first], coop[arm], _, c = trained(cfg)
+        rows[first], rows[arm], _, c = trained(cfg)
+    return rows, c
+
+
+def coop_arm(budget: dict[str, Any], tmp: str, extra: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """relay-v0: per-agent (counterfactual) credit vs the shared team reward, beside the baselines, for each of
+    ``--seeds`` (``train.seed``); with ``--sft N`` both arms of a seed start from one checkpoint fine-tuned for N steps
+    on the oracle team's episodes of training tasks. ``coop_per_agent`` and ``coop_shared`` are the means over seeds."""
+    seeds: dict[int, dict[str, Any]] = {}
+    for seed in budget["seeds"]:
+        seeds[seed], c = coop_runs(budget, tmp, {**extra, "train": {**extra.get("train", {}), "seed": seed}})
+    coop: dict[str, Any] = {**seeds[budget["seeds"][0]], "seeds": seeds}
     coop.update(baselines(c, relay_policies(rng, budget["digits"])))
-    if budget["sft"]:
-        coop["base"] = coop.pop("untrained")
+    mean = {arm: sum(r[arm]["success"] for r in seeds.values()) / len(seeds) for arm in ("per_agent", "shared")}
     print(f"\nrelay-v0 ({budget['doors']} doors, {budget['digits']}-digit codes), team success on {coop['base']['distinct_tasks']} held-out tasks ({budget}):")
-    for name in ("random", "rule", "base", "sft", "per_agent", "shared", "oracle"):
-        if name in coop:
-            print(f"  {name:10s} {cell(coop[name])}")
-    return {"coop_per_agent": coop["per_agent"]["success"], "coop_shared": coop["shared"]["success"],
+    for name in ("random", "rule", "oracle"):
+        print(f"  {name:10s} {cell(coop[name])}")
+    for seed, r in seeds.items():
+        print(f"  seed {seed}: " + ", ".join(f"{name} {cell(r[name])}" for name in ("base", "sft", "per_agent", "shared") if name in r))
+    print(f"  mean over {len(seeds)} seeds: per_agent {mean['per_agent']:.3f}, shared {mean['shared']:.3f}, "
+          f"difference {mean['per_agent'] - mean['shared']:+.3f} (target >= +0.10)")
+    return {"coop_per_agent": mean["per_agent"], "coop_shared": mean["shared"],
             "distinct_eval_tasks": coop["base"]["distinct_tasks"], "coop": coop}
 
 
@@ -335,8 +348,11 @@ def main() -> None:
     parser.add_argument("--sft", type=int, default=0, metavar="STEPS",
                         help="cooperative arms: start both from the base fine-tuned for STEPS steps on 64 oracle-team "
                         "demonstrations of training tasks (0: from the base model)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="cooperative arms: train.seed of each repeat "
+                        "(the SFT start and both arms); the result fields are the means over them")
     args = parser.parse_args()
-    budget = {**BUDGETS["smoke" if args.smoke else "full"], "digits": args.digits, "doors": args.doors, "sft": args.sft}
+    budget = {**BUDGETS["smoke" if args.smoke else "full"], "digits": args.digits, "doors": args.doors, "sft": args.sft,
+              "seeds": args.seeds}
     rng = random.Random(0)
     extra = {"train": {"threads": args.threads}} if args.threads else {}
     t0 = time.perf_counter()
