@@ -13,7 +13,8 @@ model imitates exactly what a rollout would have recorded. Demonstrations of the
 :class:`OracleEngine`, a scripted engine the collector drives like any other: its "generation" is the env's next
 planned action (``Env.solve()``, as ``bench/baselines.py``'s oracle asks it every turn), tokenized, plus the
 end-of-sequence token the model ends a turn with; a multi-agent env's episodes are played by a team of
-:class:`RoleOracle` s (``MultiAgentEnv.oracle(role)``), each role a demonstration in its own context. Formats, sources and recipes: ``docs/demos.md``.
+:class:`RoleOracle` s (``MultiAgentEnv.oracle(role)``), each role a demonstration in its own context. Formats,
+sources and recipes: ``docs/demos.md``.
 """
 
 from __future__ import annotations
