@@ -41,7 +41,8 @@ budget and tasks, beside the same baselines; with each arm's parameter count and
 
 merges into ``bench/results/multiagent.json`` (``machine.merge_result``: each field's command, date and commit under
 ``sources``) ``coop_per_agent``, ``coop_shared``, ``distinct_eval_tasks``, ``selfplay_winrate``, ``selfplay_ci95``,
-``selfplay_vs_rule``, ``selfplay_vs_rule_ci95``, ``hier_steps_ratio`` (and ``policies_shared``, ``policies_per_role`` with ``--arms per_role``), plus every row. Run
+``selfplay_vs_rule``, ``selfplay_vs_rule_ci95``, ``hier_steps_ratio`` (and ``policies_shared``,
+``policies_per_role`` with ``--arms per_role``), plus every row. Run
 directories go to a temporary directory that is deleted (no checkpoints are kept).
 """
 
