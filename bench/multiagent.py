@@ -9,7 +9,8 @@ Three measurements, each training the default model (SmolLM2-135M-Instruct) from
   (per-agent credit: the team reward credited to the agent whose action mattered) and ``team_grpo`` (every agent gets
   the shared team advantage). Success is the team's (both roles share it).
 - **self-play** (nim-v0 with ``multiagent.selfplay=true``): the learner plays one role per task against a pool of its
-  frozen past versions; evaluation plays every task against the base model, so its success is the win rate vs base.
+  frozen past versions (with ``--league rule``, also the always-legal rule); evaluation plays every task against the
+  base model, so its success is the win rate vs base.
   The base model forfeits by invalid moves, so every legal player beats it; each player is also evaluated against
   the fixed rule (one object from the largest heap), an opponent that always moves legally (``selfplay_vs_rule``).
 - **hierarchy** (``frozenlake-hier-v0`` vs ``frozenlake-8x8-v0``, docs/hierarchy.md): the same steps, tasks and
@@ -34,6 +35,7 @@ maps (random move; Down if the hint says frozen, else Right; the shortest path),
     python bench/multiagent.py --arms hier # one measurement; the result file keeps the others' fields
     python bench/multiagent.py --arms coop --sft 5 --seeds 0 1 2  # both coop arms from 5 SFT steps, three seeds
     python bench/multiagent.py --smoke --arms per_role  # shared model vs a policy per role (relay-v0)
+    python bench/multiagent.py --arms selfplay --league rule  # self-play with the legal-moving rule in the pool
 
 A fourth measurement, only when asked (``--arms per_role``): relay-v0 trained with one shared model for both roles and
 with a policy per role (``multiagent.policies=per_role``, docs/multiagent.md), the same estimator (counterfactual),
@@ -245,8 +247,9 @@ def coop_arm(budget: dict[str, Any], tmp: str, extra: dict[str, Any], rng: rando
 
 
 def selfplay_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: random.Random) -> dict[str, Any]:
-    """nim-v0 under self-play: the trained learner's win rate against the base model, beside the baselines."""
-    cfg = config("nim-v0", budget, tmp, {"multiagent": {"selfplay": True, "pool_size": 2}, **extra})
+    """nim-v0 under self-play (with ``--league``, scripted members in the pool for good): the trained learner's win
+    rate against the base model and against the rule, beside the baselines."""
+    cfg = config("nim-v0", budget, tmp, {"multiagent": {"selfplay": True, "pool_size": 2, "league": budget["league"]}, **extra})
     selfplay: dict[str, Any] = {}
     selfplay["base"], selfplay["trained"], curve, c = trained(cfg)
     selfplay["elo"] = {k: v for k, v in curve[-1].items() if k.startswith("selfplay/elo")}
@@ -351,9 +354,12 @@ def main() -> None:
                         "demonstrations of training tasks (0: from the base model)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="cooperative arms: train.seed of each repeat "
                         "(the SFT start and both arms); the result fields are the means over them")
+    parser.add_argument("--league", nargs="*", choices=["rule", "oracle"], default=[],
+                        help="self-play arm: scripted members kept in the pool beside the base model and the 2 newest "
+                        "snapshots (multiagent.league; rule: one object from the largest heap, always legal)")
     args = parser.parse_args()
     budget = {**BUDGETS["smoke" if args.smoke else "full"], "digits": args.digits, "doors": args.doors, "sft": args.sft,
-              "seeds": args.seeds}
+              "seeds": args.seeds, "league": args.league}
     rng = random.Random(0)
     extra = {"train": {"threads": args.threads}} if args.threads else {}
     t0 = time.perf_counter()

@@ -190,6 +190,43 @@ def test_selfplay_pool_assigns_roles_snapshots_and_rates(tokenizer, tiny_model):
     assert all(e is sp.base.engine for e in sp.against_base().opponents(5, ("first", "second")).values())
 
 
+def test_a_league_rule_stays_in_the_pool_and_plays_legally_in_its_own_episodes(tokenizer, tiny_model):
+    from functools import reduce
+    from operator import xor
+
+    from turnrl.envs.nim import Nim
+    from turnrl.rollout.multiagent import scripted
+
+    sp = SelfPlay(tiny_model, lambda model: ScriptedEngine(tokenizer, lambda p, n: ""), size=1,
+                  league={"rule": scripted(tokenizer, "rule")})
+    seeds = [s for s in range(40) if sp.opponents(s, Nim.roles) and sp._played[s] == "rule"][:6]
+    assert len(seeds) == 6  # drawn like any member: 1 of the pool's 2 before any snapshot
+    learner = scripted(tokenizer, "oracle")  # Bouton's strategy plays the learner's role
+    groups = MultiAgentCollector(learner, tokenizer, Nim, lineup=sp).collect(seeds, 2, SamplingParams(max_new_tokens=8))
+    assert [g.seed for g in groups] == seeds  # one group per task: only the learner's role is recorded
+
+    def by_hand(seed, learner_role):  # the same game played directly: the learner's oracle against the env's rule
+        env = Nim()
+        env.reset(seed=seed)
+        winnable = learner_role == "first" and reduce(xor, env.heaps) != 0
+        while env.acting():
+            (role,) = env.acting()
+            out = env.step({role: env.oracle(role) if role == learner_role else env.rule(role)})
+            assert out.infos[role]["valid"]
+        return out.infos[learner_role]["success"], winnable
+
+    for g in groups:
+        for t in g.trajectories:
+            assert t.agent == SelfPlay.learner_role(g.seed, Nim.roles) and t.termination == Termination.TERMINATED
+            assert all(turn.valid for turn in t.turns)
+            won, winnable = by_hand(g.seed, t.agent)
+            assert t.success == won and (won or not winnable)  # each rule read its own episode's heaps
+    sp.after_step(1, groups, {})
+    sp.after_step(2, [], {})
+    assert [m.name for m in sp.members] == ["base", "rule", "step2"]  # the league stays beside the base
+    assert "selfplay/elo_rule" in sp.after_step(3, [], {})
+
+
 def _config(tmp_path, env_id, **over):
     from turnrl.config import Config
 
@@ -202,7 +239,7 @@ def _config(tmp_path, env_id, **over):
 
 
 @pytest.mark.parametrize("env_id,over", [("relay-v0", {"algo": {"estimator": "counterfactual"}}),
-                                         ("nim-v0", {"multiagent": {"selfplay": True, "pool_size": 1}})])
+                                         ("nim-v0", {"multiagent": {"selfplay": True, "pool_size": 1, "league": ["rule"]}})])
 def test_one_step_multiagent_training_run(tmp_path, tokenizer, tiny_model, env_id, over):
     from turnrl.build import build
     from turnrl.loop import train
@@ -225,6 +262,11 @@ def test_multiagent_config_errors(tmp_path, tokenizer, tiny_model):
         build(_config(tmp_path, "relay-v0", algo={"estimator": "remax"}), model=tiny_model, tokenizer=tokenizer)
     with pytest.raises(ConfigError, match="needs a multi-agent env"):
         build(_config(tmp_path, "frozenlake-v0", multiagent={"selfplay": True}), model=tiny_model, tokenizer=tokenizer)
+    with pytest.raises(ConfigError, match=r"relay-v0 has no rule\(role\) to play; drop \['rule'\]"):
+        build(_config(tmp_path, "relay-v0", multiagent={"selfplay": True, "league": ["rule"]}), model=tiny_model,
+              tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="fills the self-play pool: set multiagent.selfplay=true"):
+        _config(tmp_path, "nim-v0", multiagent={"league": ["rule"]})
     with pytest.raises(ConfigError, match="scale.async_mode=false"):
         build(_config(tmp_path, "nim-v0", multiagent={"selfplay": True}, scale={"async_mode": True}), model=tiny_model,
               tokenizer=tokenizer)

@@ -195,6 +195,16 @@ def test_the_checker_reports_an_env_that_raises_on_model_text():
         check_multiagent_env(Raises())
 
 
+def test_the_checker_plays_a_rule_team_and_reports_an_invalid_rule():
+    class BadRule(Nim):
+        def rule(self, role):
+            return "TAKE 9 FROM 1"  # never legal: heaps hold at most 4
+
+    check_multiagent_env(Nim())  # nim's rule (one from the largest heap) is always legal
+    with pytest.raises(EnvCheckError, match=r"rule\(\) sent an invalid action.*Fix: make rule\(\) act validly"):
+        check_multiagent_env(BadRule())
+
+
 def test_hot_seat_plays_every_role_by_hand():
     from turnrl.envs.multiagent import hot_seat
 

@@ -48,7 +48,7 @@ from turnrl.rollout import Collector
 from turnrl.rollout.curriculum import Curriculum, LeveledEnvs, LeveledTasks
 from turnrl.rollout.served import ServedCollector
 from turnrl.rollout.multiagent import Lineup, MultiAgentCollector
-from turnrl.rollout.selfplay import SelfPlay
+from turnrl.rollout.selfplay import SelfPlay, league
 from turnrl.types import Advantages, TrainSample, Trajectory
 
 
@@ -454,7 +454,7 @@ def _selfplay(cfg: Config, model, tokenizer, envs: Callable[[], Any]) -> SelfPla
     if cfg.scale.async_mode:  # the next step's games would be drawn before this step's are rated and snapshotted
         raise ConfigError("multiagent.selfplay=true collects each step after the previous update: set scale.async_mode=false")
     return SelfPlay(model, lambda frozen: _engine(cfg, frozen, tokenizer), size=m.pool_size, snapshot_every=m.snapshot_every,
-                    elo_k=m.elo_k)
+                    elo_k=m.elo_k, league=league(m.league, envs, tokenizer, cfg.env.id))
 
 
 def rollout_parts(cfg: Config, model, tokenizer) -> tuple[Collector, Collector | None]:

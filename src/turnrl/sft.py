@@ -12,9 +12,9 @@ N agent tokens of the batch (logprobs at temperature 1), with the run's chat tem
 model imitates exactly what a rollout would have recorded. Demonstrations of the oracle are made by
 :class:`OracleEngine`, a scripted engine the collector drives like any other: its "generation" is the env's next
 planned action (``Env.solve()``, as ``bench/baselines.py``'s oracle asks it every turn), tokenized, plus the
-end-of-sequence token the model ends a turn with; a multi-agent env's episodes are played by a team of
-:class:`RoleOracle` s (``MultiAgentEnv.oracle(role)``), each role a demonstration in its own context. Formats,
-sources and recipes: ``docs/demos.md``.
+end-of-sequence token the model ends a turn with; a multi-agent env's episodes are played by a team of oracles
+(``MultiAgentEnv.oracle(role)``, :func:`turnrl.rollout.multiagent.scripted`), each role a demonstration in its own
+context. Formats, sources and recipes: ``docs/demos.md``.
 """
 
 from __future__ import annotations
@@ -29,15 +29,14 @@ from typing import Any
 from turnrl.agent.demos import demo_batch, demos_from_run, read_demos, write_demos
 from turnrl.build import Components, build, demo_samples, describe, sampling_params, save
 from turnrl.config import Config, ConfigError
-from turnrl.engines.base import Completion, SamplingParams
+from turnrl.engines.base import Completion, SamplingParams, written
 from turnrl.envs import Env
-from turnrl.envs.multiagent import MultiAgentEnv
 from turnrl.envs.wrappers import Wrapper
 from turnrl.learner import Learner
 from turnrl.loop import evaluate, make_run_dir
 from turnrl.monitor.sinks import JsonlSink, MetricLogger
 from turnrl.rollout import Collector
-from turnrl.rollout.multiagent import EpisodeEngines, MultiAgentCollector
+from turnrl.rollout.multiagent import MultiAgentCollector, scripted
 from turnrl.types import Trajectory, TrajectoryGroup
 
 TASKS_PER_DEMO = 4
@@ -109,26 +108,6 @@ class OracleEngine:
         self.version = int(state["version"])
 
 
-def written(tokenizer, action: str, params: SamplingParams, version: int) -> Completion:
-    """``action`` as the model would write it: its tokens (no special tokens) and EOS, cut to ``max_new_tokens``
-    (``finish_reason`` "length" when it did not fit one turn); behaviour logprobs 0."""
-    ids = tokenizer.encode(action, add_special_tokens=False) + [tokenizer.eos_token_id]
-    finish = "length" if len(ids) > params.max_new_tokens else "stop"
-    ids = ids[: params.max_new_tokens]
-    return Completion(ids, [0.0] * len(ids), finish, version)
-
-
-class RoleOracle:
-    """Plays ``role`` in one multi-agent episode with the env's oracle: each turn, ``env.oracle(role)`` written as
-    :func:`written` does. Made per episode and role by an :class:`~turnrl.rollout.multiagent.EpisodeEngines`."""
-
-    def __init__(self, tokenizer, env: MultiAgentEnv, role: str) -> None:
-        self.tokenizer, self.env, self.role, self.version = tokenizer, env, role, 0
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        return [written(self.tokenizer, self.env.oracle(self.role), params, self.version) for _ in prompts]
-
-
 # ---------------------------------------------------------------------------------------------- demonstrations
 
 
@@ -139,7 +118,7 @@ def oracle_demos(c: Components, num: int) -> list[Trajectory]:
     demonstration."""
     collector: Collector
     if isinstance(c.collector, MultiAgentCollector):
-        team = EpisodeEngines(lambda env, role: RoleOracle(c.tokenizer, env, role))  # type: ignore[arg-type, return-value]
+        team = scripted(c.tokenizer, "oracle")
         collector = MultiAgentCollector(team, c.tokenizer, c.tasks.train_envs, c.collector.context,  # type: ignore[arg-type]
                                         step_timeout_s=c.collector.step_timeout_s)
     else:

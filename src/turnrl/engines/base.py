@@ -40,6 +40,16 @@ class Completion:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
+def written(tokenizer, action: str, params: SamplingParams, version: int) -> Completion:
+    """``action`` as the model would write it: its tokens (no special tokens) and EOS, cut to ``max_new_tokens``
+    (``finish_reason`` "length" when it did not fit one turn); behaviour logprobs 0. How scripted players (an oracle, a
+    fixed rule) answer through the same collector as the model."""
+    ids = tokenizer.encode(action, add_special_tokens=False) + [tokenizer.eos_token_id]
+    finish = "length" if len(ids) > params.max_new_tokens else "stop"
+    ids = ids[: params.max_new_tokens]
+    return Completion(ids, [0.0] * len(ids), finish, version)
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A generation backend. ``version`` counts weight syncs."""

@@ -27,7 +27,8 @@ observations. Nothing else carries information between agents: each sees only it
 ``anchor(role)`` is the state as ``role`` sees it now (what a counterfactual baseline compares), ``task_key()`` what
 makes two tasks the same (:meth:`turnrl.envs.base.Env.task_key`), ``oracle(role)`` the response a perfect agent
 playing ``role`` sends now, using only what that role has observed (a team of oracles shows what the task allows;
-an oracle that ignored messages could not solve a split-information task).
+an oracle that ignored messages could not solve a split-information task). ``rule(role)``, optional, is the simple
+fixed rule's response: valid, not clever (a scripted self-play opponent that never forfeits).
 
 Envs are built by :func:`turnrl.envs.make` like any other; instead of the single-agent wrappers they get
 :class:`TurnLimit` (``max_turns`` joint steps) and :class:`InvalidPenalty` (``invalid_penalty`` per invalid response),
@@ -95,6 +96,11 @@ class MultiAgentEnv:
 
     def oracle(self, role: str) -> str:
         """The response a perfect agent playing ``role`` sends now, from what ``role`` has observed."""
+        raise NotImplementedError
+
+    def rule(self, role: str) -> str:
+        """Optional: the response of the simplest fixed rule that plays ``role`` with valid actions only (a baseline, and
+        a scripted self-play opponent: ``multiagent.league``), from what ``role`` has observed."""
         raise NotImplementedError
 
     def examples(self, role: str) -> list[tuple[str, str]]:
@@ -206,6 +212,9 @@ class Wrapper(MultiAgentEnv):
     def oracle(self, role: str) -> str:
         return self.env.oracle(role)
 
+    def rule(self, role: str) -> str:
+        return self.env.rule(role)
+
     def examples(self, role: str) -> list[tuple[str, str]]:
         return self.env.examples(role)
 
@@ -312,7 +321,8 @@ def _check_step(env: MultiAgentEnv, actions: Mapping[str, str], out: Any, where:
 
 
 def _play(env: MultiAgentEnv, seed: int, policy: str, max_steps: int) -> tuple[list[Any], dict[str, bool]]:
-    """Play ``seed`` with every acting role sending the oracle's response (``policy="oracle"``) or garbage text;
+    """Play ``seed`` with every acting role sending the oracle's response (``policy="oracle"``), the rule's
+    (``"rule"``) or garbage text;
     returns the trace (observations, anchors, each step's result) and each role's last success."""
     observations, _ = env.reset(seed=seed)
     _require(isinstance(observations, dict) and set(observations) == set(env.roles)
@@ -326,9 +336,12 @@ def _play(env: MultiAgentEnv, seed: int, policy: str, max_steps: int) -> tuple[l
             return trace, success
         _require(set(acting) <= set(env.roles), f"seed {seed}: acting() = {acting}", "name roles from env.roles")
         trace.append([env.anchor(role) for role in acting])
-        actions = {role: env.oracle(role) if policy == "oracle" else GARBAGE for role in acting}
+        actions = {role: env.oracle(role) if policy == "oracle" else env.rule(role) if policy == "rule" else GARBAGE
+                   for role in acting}
         out = _check_step(env, actions, env.step(actions), f"seed {seed}, step {step}")
-        if policy != "oracle":
+        _require(policy != "rule" or all(out.infos[r]["valid"] for r in acting),
+                 f"seed {seed}, step {step}: rule() sent an invalid action {actions}", "make rule() act validly")
+        if policy == "garbage":
             _require(not any(out.infos[r]["valid"] for r in acting), f"seed {seed}: garbage text was a valid action",
                      "answer text without an action with valid=False")
         success = {role: out.infos[role]["success"] for role in env.roles}
@@ -336,10 +349,11 @@ def _play(env: MultiAgentEnv, seed: int, policy: str, max_steps: int) -> tuple[l
     return trace, success
 
 
-def _has_oracle(env: MultiAgentEnv, seed: int) -> bool:
+def has_player(env: MultiAgentEnv, player: str, seed: int = 0) -> bool:
+    """Whether ``env`` implements ``player`` (``"oracle"`` or ``"rule"``): asked once after ``reset(seed=seed)``."""
     env.reset(seed=seed)
     try:
-        env.oracle(env.acting()[0])
+        getattr(env, player)(env.acting()[0])
     except NotImplementedError:
         return False
     return True
@@ -353,15 +367,18 @@ def check_multiagent_env(env: MultiAgentEnv, seeds: Sequence[int] = (0, 1, 2), *
     (observations, anchors, rewards, flags) and task key, ends within ``max_steps`` joint steps, every step has one
     entry per role with finite rewards whose components sum up; with ``check_solve`` some role succeeds (a
     cooperative team; a game's winner). Garbage text is an invalid action that does not raise. An env without an
-    oracle is played with garbage text instead (determinism and step shapes only). ``close()`` twice.
+    oracle is played with garbage text instead (determinism and step shapes only). An env with a ``rule`` plays the
+    first seed with a team of rules, every response a valid action. ``close()`` twice.
     """
     roles = tuple(env.roles)
     _require(bool(roles) and len(set(roles)) == len(roles), f"roles = {roles}", "name each role once in env.roles")
     _require(all(env.role_instructions.get(r) for r in roles), "a role has no instructions", "set role_instructions for every role")
     try:
-        policy = "oracle" if _has_oracle(env, seeds[0]) else "garbage"
+        policy = "oracle" if has_player(env, "oracle", seeds[0]) else "garbage"
         for seed in seeds:
             _check_seed(env, seed, policy, check_solve, max_steps)
+        if has_player(env, "rule", seeds[0]):
+            _play(env, seeds[0], "rule", max_steps)
         for _ in range(2):
             env.close()
     except EnvCheckError:

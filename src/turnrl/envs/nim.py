@@ -11,7 +11,8 @@ game to the opponent, so a player that cannot move legally loses instead of runn
 winner (an untrained model rarely writes a legal move: without it, win rates against it say nothing). The oracle plays Bouton's winning strategy: move to a position whose
 nim-sum (XOR of the heaps) is 0; from a zero nim-sum position, where every move loses against perfect play, it
 takes one object from the largest heap. :func:`largest_heap_rule` is the best simple fixed rule it is measured
-against. The task key is the starting heaps.
+against, and the env's ``rule(role)`` (a scripted self-play opponent that always moves legally). The task key is the
+starting heaps.
 """
 
 from __future__ import annotations
@@ -116,6 +117,10 @@ class Nim(MultiAgentEnv):
         for i, n in enumerate(self.heaps):
             if total and n ^ total < n:
                 return f"TAKE {n - (n ^ total)} FROM {i + 1}"
+        return largest_heap_rule(self.heaps)
+
+    def rule(self, role: str) -> str:
+        """One object from the largest heap (:func:`largest_heap_rule`): always legal, never aiming at the nim-sum."""
         return largest_heap_rule(self.heaps)
 
     def examples(self, role: str) -> list[tuple[str, str]]:

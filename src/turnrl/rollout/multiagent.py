@@ -3,7 +3,8 @@ each role in its own context, and each role's turns become its own :class:`~turn
 
 Per-role policies (``multiagent.policies=per_role``): when the collector's engine is a :class:`RoleEngines`, each
 role is played by its own engine (its own weights) instead; everything else below holds unchanged. An
-:class:`EpisodeEngines` makes each episode's role an engine of its own when the episode starts (the oracle team).
+:class:`EpisodeEngines` makes each episode's role an engine of its own when the episode starts: :func:`scripted` players
+that read the env (a team of oracles for demonstrations, a fixed rule as a self-play opponent).
 
 Role prompts: a role's context is an :class:`~turnrl.agent.context.EpisodeContext` whose renderer has the role's
 system prompt (``env.role_instructions[role]``) and the role's few-shot examples, so the shared model knows which
@@ -38,17 +39,18 @@ from typing import Protocol
 
 from turnrl.agent.chat import ChatRenderer
 from turnrl.agent.context import ContextSpec, EpisodeContext
-from turnrl.engines.base import Completion, Engine, SamplingParams
+from turnrl.engines.base import Completion, Engine, SamplingParams, written
 from turnrl.envs.multiagent import MultiAgentEnv, MultiStep
 from turnrl.rollout.collector import Collector, EnvFault, _run
 from turnrl.types import Termination, Trajectory, TrajectoryGroup, Turn
 
 
 class Lineup(Protocol):
-    """Which engine plays each role of a task: roles it returns are played by those engines and not recorded; every
-    other role is played by the collector's engine and recorded (trained on)."""
+    """Which engine plays each role of a task: roles it returns are played by those engines (an :class:`EpisodeEngines`
+    makes one for each episode) and not recorded; every other role is played by the collector's engine and recorded
+    (trained on)."""
 
-    def opponents(self, seed: int, roles: Sequence[str]) -> Mapping[str, Engine]: ...
+    def opponents(self, seed: int, roles: Sequence[str]) -> Mapping[str, Engine | EpisodeEngines]: ...
 
 
 class RoleEngines:
@@ -82,6 +84,33 @@ class EpisodeEngines:
 
     def __init__(self, make: Callable[[MultiAgentEnv, str], Engine], version: int = 0) -> None:
         self.make, self.version = make, version
+
+
+class ScriptedRole:
+    """Plays one role of one episode with a function of the env: each turn, ``act()`` (the env's ``oracle(role)`` or
+    ``rule(role)`` now) written as the model would write it (:func:`~turnrl.engines.base.written`)."""
+
+    def __init__(self, tokenizer, act: Callable[[], str], version: int = 0) -> None:
+        self.tokenizer, self.act, self.version = tokenizer, act, version
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        return [written(self.tokenizer, self.act(), params, self.version) for _ in prompts]
+
+
+SCRIPTED = ("oracle", "rule")  # the MultiAgentEnv methods a scripted player answers with
+
+
+def scripted(tokenizer, player: str) -> EpisodeEngines:
+    """Every role of every episode played by the env's ``player`` method (``"oracle"``: a perfect agent;
+    ``"rule"``: the simple fixed rule), each role in its own context like the model."""
+    if player not in SCRIPTED:
+        raise ValueError(f"unknown scripted player {player!r}; valid: {', '.join(SCRIPTED)}")
+    return EpisodeEngines(lambda env, role: ScriptedRole(tokenizer, lambda: getattr(env, player)(role)))  # type: ignore[arg-type]
+
+
+def _for_episode(engine: Engine | EpisodeEngines, env: MultiAgentEnv, role: str) -> Engine:
+    """The engine that plays ``role`` in ``env``'s episode: made for it by an :class:`EpisodeEngines`, else ``engine``."""
+    return engine.make(env, role) if isinstance(engine, EpisodeEngines) else engine
 
 
 def role_metrics(groups: Sequence[TrajectoryGroup], prefix: str) -> dict[str, float]:
@@ -176,7 +205,7 @@ class MultiAgentCollector(Collector):
             if not isinstance(observations, dict) or set(observations) != set(env.roles):
                 raise EnvFault(f"reset returned {type(observations).__name__} observations, not one per role {list(env.roles)}")
             for role in env.roles:
-                engine = opponents[role] if role in opponents else self._engine_of(role, env)
+                engine = _for_episode(opponents[role], env, role) if role in opponents else self._engine_of(role, env)
                 ep.agents[role] = _Agent(self.role_renderer(env, role), engine, trajs.get(role),
                                          observation=_text(observations[role]))
             key = env.task_key()
@@ -192,7 +221,7 @@ class MultiAgentCollector(Collector):
         for the episode by :class:`EpisodeEngines`, else the collector's."""
         if isinstance(self.engine, RoleEngines):
             return self.engine.engines[role]
-        return self.engine.make(env, role) if isinstance(self.engine, EpisodeEngines) else self.engine
+        return _for_episode(self.engine, env, role)
 
     async def _joint_step(self, live: list[_Episode], sampling: SamplingParams) -> list[_Episode]:
         """One joint step of every live episode: batched generation per engine, then every env steps concurrently."""

@@ -4,7 +4,12 @@
 ``roles[s % len(roles)]`` (so it trains every role across tasks) and every other role is played by one pool member,
 drawn uniformly with ``random.Random(s)``: an engine over a frozen in-memory copy of the weights (no checkpoint on
 disk). The pool starts with the base model (``"base"``, kept for good) and gains a snapshot of the learner every
-``snapshot_every`` steps, keeping the ``size`` newest members besides the base.
+``snapshot_every`` steps, keeping the ``size`` newest snapshots.
+
+League: ``league`` adds fixed members that stay for good beside the base, drawn like any other member: scripted
+players that read the env (``{"rule": scripted(tokenizer, "rule")}``, the env's simple fixed rule, which always moves
+legally). Past versions of a learner that writes invalid moves forfeit as often as it does, so against them alone a
+win says little; a member that never forfeits makes winning need legal moves.
 
 Ratings: after each step every training game updates an :class:`Elo` rating of ``"learner"`` against the member it
 played (score 1 for a win, 0 for a loss, 0.5 for a game no one won: truncated). :meth:`SelfPlay.against_base` is the
@@ -19,8 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from turnrl.config import ConfigError
 from turnrl.engines.base import Engine
+from turnrl.envs.multiagent import has_player
 from turnrl.models import frozen_copy
+from turnrl.rollout.multiagent import EpisodeEngines, scripted
 from turnrl.types import Termination, TrajectoryGroup
 
 LEARNER = "learner"
@@ -56,35 +64,57 @@ class Elo:
         self.ratings[a], self.ratings[b] = ra + change, rb - change
 
 
+def league(players: Sequence[str], envs: Callable[[], Any], tokenizer, env_id: str) -> dict[str, EpisodeEngines]:
+    """The league of ``multiagent.league``: each player (``"rule"``, ``"oracle"``) a scripted member that plays with
+    the env's method of that name; ConfigError naming the players the env (``envs()``, an ``env_id``) lacks."""
+    with envs() as env:
+        missing = [player for player in players if not has_player(env, player)]
+    if missing:
+        raise ConfigError(f"multiagent.league={list(players)}: {env_id} has no {' or '.join(missing)}(role) to play; drop "
+                          f"{missing} from multiagent.league")
+    return {player: scripted(tokenizer, player) for player in players}
+
+
 @dataclass
 class _Member:
     name: str
-    engine: Engine
+    engine: Engine | EpisodeEngines
 
 
 class SelfPlay:
     """The pool, the role assignment and the ratings (module docstring).
 
-    ``engine_for(model)`` builds an engine sampling from a frozen copy; ``model`` is the learner's module.
+    ``engine_for(model)`` builds an engine sampling from a frozen copy; ``model`` is the learner's module; ``league``
+    names the fixed members besides the base (module docstring).
     """
 
     def __init__(self, model: Any, engine_for: Callable[[Any], Engine], *, size: int = 3, snapshot_every: int = 1,
-                 elo_k: float = 32.0) -> None:
+                 elo_k: float = 32.0, league: Mapping[str, Engine | EpisodeEngines] | None = None) -> None:
         if size < 1 or snapshot_every < 1:
             raise ValueError(f"self-play pool size ({size}) and snapshot_every ({snapshot_every}) must be >= 1")
+        league = dict(league or {})
+        if "base" in league or LEARNER in league:
+            raise ValueError(f"a league member may not be called 'base' or {LEARNER!r}: {sorted(league)}")
         self.model, self.engine_for = model, engine_for
         self.size, self.snapshot_every = size, snapshot_every
         self.base = _Member("base", engine_for(frozen_copy(model)))
-        self.members: list[_Member] = [self.base]
+        self.fixed = [self.base] + [_Member(name, engine) for name, engine in league.items()]
+        self.snapshots: list[_Member] = []
         self.elo = Elo(k=elo_k)
         self._played: dict[int, str] = {}  # seed -> the member that played it in the latest collection
+
+    @property
+    def members(self) -> list[_Member]:
+        """The pool: the base, the league, then the snapshots oldest first."""
+        return self.fixed + self.snapshots
 
     @staticmethod
     def learner_role(seed: int, roles: Sequence[str]) -> str:
         return roles[seed % len(roles)]
 
-    def opponents(self, seed: int, roles: Sequence[str]) -> Mapping[str, Engine]:
-        member = self.members[random.Random(seed).randrange(len(self.members))]
+    def opponents(self, seed: int, roles: Sequence[str]) -> Mapping[str, Engine | EpisodeEngines]:
+        members = self.members
+        member = members[random.Random(seed).randrange(len(members))]
         self._played[seed] = member.name
         return {r: member.engine for r in roles if r != self.learner_role(seed, roles)}
 
@@ -92,7 +122,7 @@ class SelfPlay:
         return self.against(self.base.engine)
 
     @staticmethod
-    def against(engine: Engine) -> "Against":
+    def against(engine: Engine | EpisodeEngines) -> "Against":
         """The evaluation lineup with ``engine`` playing every role but the learner's."""
         return Against(engine)
 
@@ -108,9 +138,9 @@ class SelfPlay:
                 self.elo.update(LEARNER, self._played[g.seed], score)
                 scores.append(score)
         if step % self.snapshot_every == 0:
-            self.members.append(_Member(f"step{step}", self.engine_for(frozen_copy(self.model))))
-            if len(self.members) > self.size + 1:
-                del self.members[1]  # the oldest snapshot; the base stays
+            self.snapshots.append(_Member(f"step{step}", self.engine_for(frozen_copy(self.model))))
+            if len(self.snapshots) > self.size:
+                del self.snapshots[0]  # the oldest; the base and the league stay
         out = {f"selfplay/elo_{m.name}": self.elo.rating(m.name) for m in self.members}
         out.update({"selfplay/elo": self.elo.rating(LEARNER), "selfplay/pool_size": float(len(self.members))})
         if scores:
@@ -125,7 +155,7 @@ class SelfPlay:
 class Against:
     """An evaluation lineup: the learner's role as in training, every other role played by ``engine``."""
 
-    engine: Engine
+    engine: Engine | EpisodeEngines
 
-    def opponents(self, seed: int, roles: Sequence[str]) -> Mapping[str, Engine]:
+    def opponents(self, seed: int, roles: Sequence[str]) -> Mapping[str, Engine | EpisodeEngines]:
         return {r: self.engine for r in roles if r != SelfPlay.learner_role(seed, roles)}
