@@ -13,6 +13,8 @@ Three measurements, each training the default model (SmolLM2-135M-Instruct) from
   base model, so its success is the win rate vs base.
   The base model forfeits by invalid moves, so every legal player beats it; each player is also evaluated against
   the fixed rule (one object from the largest heap), an opponent that always moves legally (``selfplay_vs_rule``).
+  With ``--sft N`` the learner starts from the base fine-tuned on both roles' oracle moves; the pool's first member
+  is then that start (row ``sft``), and the base model is loaded again to be played against.
 - **hierarchy** (``frozenlake-hier-v0`` vs ``frozenlake-8x8-v0``, docs/hierarchy.md): the same steps, tasks and
   episodes per step; the hierarchy's executor has the flat agent's 24 moves, its planner's turns come on top (joint
   limit 40). Both are evaluated every tenth of the run on the same held-out maps; ``hier_steps_ratio`` is the first
@@ -246,27 +248,45 @@ def coop_arm(budget: dict[str, Any], tmp: str, extra: dict[str, Any], rng: rando
             "distinct_eval_tasks": coop["base"]["distinct_tasks"], "coop": coop}
 
 
-def selfplay_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: random.Random) -> dict[str, Any]:
-    """nim-v0 under self-play (with ``--league``, scripted members in the pool for good): the trained learner's win
-    rate against the base model and against the rule, beside the baselines."""
-    cfg = config("nim-v0", budget, tmp, {"multiagent": {"selfplay": True, "pool_size": 2, "league": budget["league"]}, **extra})
-    selfplay: dict[str, Any] = {}
-    selfplay["base"], selfplay["trained"], curve, c = trained(cfg)
-    selfplay["elo"] = {k: v for k, v in curve[-1].items() if k.startswith("selfplay/elo")}
+def selfplay_arm(budget: dict[str, Any], tmp: str, extra: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """nim-v0 under self-play (with ``--league``, scripted members in the pool for good; with ``--sft N``, from the base
+    fine-tuned for N steps on both roles' oracle moves): the trained learner's win rate against the base model and
+    against the rule, beside the baselines and the starting model."""
+    start: dict[str, Any] = {}
+    if budget["sft"]:
+        run = sft(config("nim-v0", budget, tmp, {"sft": {"steps": budget["sft"], "num_demos": 64}, **extra}))
+        start = {"model": {"path": str(run.model_path)}}
+        gc.collect()
+    cfg = config("nim-v0", budget, tmp, {"multiagent": {"selfplay": True, "pool_size": 2, "league": budget["league"]},
+                                         **extra, **start})
+    _, _, curve, c = trained(cfg)
+    begun = c.selfplay.base.engine  # the pool's "base" is the model training started from: with --sft, the fine-tuned one
+    players = {"base": base_engine(c, config("nim-v0", budget, tmp, extra).model.path) if budget["sft"] else begun, "trained": c.engine} | ({"sft": begun} if budget["sft"] else {})
     policies = nim_policies(rng)
-    selfplay.update(baselines(c, policies, c.selfplay.against_base()))
     # the base model forfeits by invalid moves, so anything legal beats it: a legal opponent (the rule) tells skill apart
-    rule = SelfPlay.against(PolicyEngine(c.tokenizer, policies["rule"]))  # type: ignore[arg-type]
-    vs_rule = baselines(c, {k: policies[k] for k in ("random", "rule", "oracle")}, rule)
-    vs_rule |= {"base": play(c, c.selfplay.base.engine, rule), "trained": play(c, c.engine, rule)}
-    selfplay["vs_rule"] = vs_rule
-    print(f"nim-v0, win rate on {selfplay['base']['distinct_tasks']} held-out tasks, against the base model | against the rule:")
-    for name in ("random", "rule", "base", "trained", "oracle"):
-        print(f"  {name:10s} {cell(selfplay[name])} | {cell(vs_rule[name]) if name in vs_rule else '-'}")
+    opponents = {"vs_base": players["base"], "vs_rule": PolicyEngine(c.tokenizer, policies["rule"])}
+    selfplay: dict[str, Any] = {"elo": {k: v for k, v in curve[-1].items() if k.startswith("selfplay/elo")}}
+    for against, opponent in opponents.items():
+        lineup = SelfPlay.against(opponent)  # type: ignore[arg-type]
+        selfplay[against] = baselines(c, policies, lineup) | {name: play(c, e, lineup) for name, e in players.items()}
+    vs_base, vs_rule = selfplay["vs_base"], selfplay["vs_rule"]
+    print(f"nim-v0, win rate on {vs_base['base']['distinct_tasks']} held-out tasks, against the base model | against the rule:")
+    for name in ("random", "rule", "base", "sft", "trained", "oracle"):
+        if name in vs_base:
+            print(f"  {name:10s} {cell(vs_base[name])} | {cell(vs_rule[name])}")
     print(f"  Elo after training: {json.dumps({k: round(v, 1) for k, v in selfplay['elo'].items()})}")
-    return {"selfplay_winrate": selfplay["trained"]["success"], "selfplay_ci95": selfplay["trained"]["ci95"],
+    return {"selfplay_winrate": vs_base["trained"]["success"], "selfplay_ci95": vs_base["trained"]["ci95"],
             "selfplay_vs_rule": vs_rule["trained"]["success"], "selfplay_vs_rule_ci95": vs_rule["trained"]["ci95"],
             "selfplay": selfplay}
+
+
+def base_engine(c: Any, path: str) -> Engine:
+    """An engine of the run's kind over the model at ``path`` (the base the bench's fine-tuned start came from)."""
+    from turnrl.engines import make_engine
+    from turnrl.models import load_model
+
+    return make_engine(c.cfg.rollout.engine, load_model(path), c.tokenizer, seed=c.cfg.train.seed,
+                       threads=c.cfg.train.threads or None)
 
 
 def success_curve(rows: list[dict[str, float]]) -> list[tuple[int, float]]:
@@ -350,8 +370,8 @@ def main() -> None:
                         help="relay-v0's coloured doors in the cooperative arms (1: one code, which the base model "
                         "already relays 0.94 of the time at 5 and 8 digits; 3: relay-doors-v0)")
     parser.add_argument("--sft", type=int, default=0, metavar="STEPS",
-                        help="cooperative arms: start both from the base fine-tuned for STEPS steps on 64 oracle-team "
-                        "demonstrations of training tasks (0: from the base model)")
+                        help="cooperative and self-play arms: start from the base fine-tuned for STEPS steps on 64 "
+                        "oracle-team demonstrations of training tasks (0: from the base model)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="cooperative arms: train.seed of each repeat "
                         "(the SFT start and both arms); the result fields are the means over them")
     parser.add_argument("--league", nargs="*", choices=["rule", "oracle"], default=[],
