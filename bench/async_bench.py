@@ -7,7 +7,8 @@ within its interval.
 
 Both runs train the same recipe (``-c``, default configs/default.yaml) from the same seed for the same number of
 steps, on the same training tasks (a pure function of the step) with the env wrapped in the latency; async adds
-``scale.max_staleness`` (default 1) and ``algo.is_correction`` (default tis). A run's training time is its wall time
+``scale.max_staleness`` (default 1) and ``algo.is_correction`` (default none: PPO's clip against the behaviour
+logprobs, the one that reached the bar at staleness 1). A run's training time is its wall time
 without evaluations (``perf/wall_s`` at the last step minus the earlier ``perf/eval_s``), so steps/hour measures the
 training loop only. Held-out success is the final greedy evaluation on ``eval.num_tasks`` tasks held out by task key,
 beside uniform random, the best simple fixed rule, the oracle (``bench/baselines.py``) and the base model (the sync
@@ -87,7 +88,7 @@ def _mean(rows: list[dict], key: str) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-def compare(cfg, latency_ms: float = 200.0, max_staleness: int = 1, is_correction: str = "tis",
+def compare(cfg, latency_ms: float = 200.0, max_staleness: int = 1, is_correction: str = "none",
             keep: Path | None = None) -> dict[str, Any]:
     """Sync then async training of ``cfg`` with every env step ``latency_ms`` slower; the scale_async.json fields.
 
@@ -177,7 +178,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, help="training steps of each run (default: the recipe's train.steps)")
     ap.add_argument("--latency-ms", type=float, default=200.0, help="simulated tool latency per env step")
     ap.add_argument("--max-staleness", type=int, default=1, help="the async run's scale.max_staleness")
-    ap.add_argument("--is-correction", default="tis", choices=["none", "decoupled", "tis", "mis"],
+    ap.add_argument("--is-correction", default="none", choices=["none", "decoupled", "tis", "mis"],
                     help="the async run's algo.is_correction")
     ap.add_argument("--keep", type=Path, help="keep the two run directories here (default: deleted)")
     ap.add_argument("--no-write", action="store_true", help="print only; do not append to bench/RESULTS.md")
