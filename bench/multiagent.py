@@ -77,7 +77,7 @@ from turnrl.envs.nim import Nim, largest_heap_rule  # noqa: E402
 from turnrl.envs.relay import doors_message, no_message_rule  # noqa: E402
 from turnrl.loop import train  # noqa: E402
 from turnrl.monitor.metrics import eval_metrics  # noqa: E402
-from turnrl.rollout.multiagent import Lineup, MultiAgentCollector  # noqa: E402
+from turnrl.rollout.multiagent import Lineup, MultiAgentCollector, scripted  # noqa: E402
 from turnrl.rollout.selfplay import SelfPlay  # noqa: E402
 from turnrl.sft import sft  # noqa: E402
 
@@ -264,10 +264,10 @@ def selfplay_arm(budget: dict[str, Any], tmp: str, extra: dict[str, Any], rng: r
     players = {"base": base_engine(c, config("nim-v0", budget, tmp, extra).model.path) if budget["sft"] else begun, "trained": c.engine} | ({"sft": begun} if budget["sft"] else {})
     policies = nim_policies(rng)
     # the base model forfeits by invalid moves, so anything legal beats it: a legal opponent (the rule) tells skill apart
-    opponents = {"vs_base": players["base"], "vs_rule": PolicyEngine(c.tokenizer, policies["rule"])}
+    opponents = {"vs_base": players["base"], "vs_rule": scripted(c.tokenizer, "rule")}  # nim's rule(role)
     selfplay: dict[str, Any] = {"elo": {k: v for k, v in curve[-1].items() if k.startswith("selfplay/elo")}}
     for against, opponent in opponents.items():
-        lineup = SelfPlay.against(opponent)  # type: ignore[arg-type]
+        lineup = SelfPlay.against(opponent)
         selfplay[against] = baselines(c, policies, lineup) | {name: play(c, e, lineup) for name, e in players.items()}
     vs_base, vs_rule = selfplay["vs_base"], selfplay["vs_rule"]
     print(f"nim-v0, win rate on {vs_base['base']['distinct_tasks']} held-out tasks, against the base model | against the rule:")
