@@ -38,6 +38,9 @@ maps (random move; Down if the hint says frozen, else Right; the shortest path),
     python bench/multiagent.py --arms coop --sft 5 --seeds 0 1 2  # both coop arms from 5 SFT steps, three seeds
     python bench/multiagent.py --smoke --arms per_role  # shared model vs a policy per role (relay-v0)
     python bench/multiagent.py --arms selfplay --league rule  # self-play with the legal-moving rule in the pool
+    python bench/multiagent.py --arms hier --sft 10 --hier-side flat --hier-dir D &  # the two hierarchy sides in two
+    python bench/multiagent.py --arms hier --sft 10 --hier-side hier --hier-dir D    # processes, then both read D:
+    python bench/multiagent.py --arms hier --sft 10 --hier-side none --hier-dir D    # the ratio from the saved sides
 
 A fourth measurement, only when asked (``--arms per_role``): relay-v0 trained with one shared model for both roles and
 with a policy per role (``multiagent.policies=per_role``, docs/multiagent.md), the same estimator (counterfactual),
@@ -307,28 +310,65 @@ def steps_ratio(flat: list[tuple[int, float]], hier: list[tuple[int, float]]) ->
     return reached / flat_steps, f"the hierarchy reached {flat_final:.3f} at step {reached} of flat's {flat_steps}"
 
 
-def hier_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: random.Random) -> dict[str, Any]:
-    """8x8 FrozenLake: planner / executor with milestone and hindsight rewards vs flat training, same steps, tasks and
-    episodes per step, evaluated every tenth of the run on the same held-out maps (the hierarchy's task key is the
-    map's), beside the flat env's random, rule and oracle."""
+def hier_side(side: str, env_id: str, max_turns: int, budget: dict[str, Any], tmp: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """One side of the hierarchy measurement: (with ``--sft N``, fine-tune the base on N steps of the side's own oracle
+    demonstrations first, then) train ``env_id``, evaluated every tenth of the run; the step-0 and final rows, the
+    held-out success curve and the milestone reward paid per step. Saved to ``--hier-dir`` when given."""
     every = {"eval": {"every": max(1, budget["steps"] // 10)}}
-    flat_cfg = config("frozenlake-8x8-v0", budget, tmp, {"env": {"max_turns": 24}, **every, **extra})
-    hier_cfg = config("frozenlake-hier-v0", budget, tmp, {"env": {"max_turns": 40}, **every, **extra})
-    hier: dict[str, Any] = {}
-    hier["base_flat"], hier["flat"], flat_rows, c = trained(flat_cfg)
-    for name, r in measure(flat_cfg, tokenizer=c.tokenizer).items():
-        hier[name] = {k: r[k] for k in ("success", "ci95", "distinct_tasks")}
-    del c  # one run's model, optimizer and engine in memory at a time
-    gc.collect()
-    hier["base_hier"], hier["hier"], hier_rows, _ = trained(hier_cfg)
-    hier["flat_curve"], hier["hier_curve"] = success_curve(flat_rows), success_curve(hier_rows)
-    hier["milestone_per_trajectory"] = [r["rollout/reward/milestone"] for r in hier_rows if "rollout/reward/milestone" in r]
-    ratio, hier["ratio_note"] = steps_ratio(hier["flat_curve"], hier["hier_curve"])
-    print(f"8x8 FrozenLake, success on {hier['base_flat']['distinct_tasks']} held-out maps:")
-    for name in ("random", "rule", "base_flat", "flat", "base_hier", "hier", "oracle"):
-        print(f"  {name:10s} {cell(hier[name])}")
-    print(f"  hier_steps_ratio: {ratio} ({hier['ratio_note']})")
-    return {"hier_steps_ratio": ratio, "hier": hier}
+    start: dict[str, Any] = {}
+    side_rows: dict[str, Any] = {}
+    if budget["sft"]:
+        run = sft(config(env_id, budget, tmp, {"env": {"max_turns": max_turns}, "sft": {"steps": budget["sft"], "num_demos": 64},
+                                                **extra}))
+        side_rows["base"], start = row(run.before), {"model": {"path": str(run.model_path)}}
+        gc.collect()
+    cfg = config(env_id, budget, tmp, {"env": {"max_turns": max_turns}, **every, **extra, **start})
+    first, side_rows["trained"], rows, c = trained(cfg)
+    side_rows["sft" if budget["sft"] else "base"] = first
+    out = {**side_rows, "curve": success_curve(rows),
+           "milestone_per_step": [r["rollout/reward/milestone"] for r in rows if "rollout/reward/milestone" in r],
+           "seconds": sum(r.get("perf/rollout_s", 0.0) + r.get("perf/train_s", 0.0) for r in rows)}
+    if side == "flat":
+        out["baselines"] = {name: {k: r[k] for k in ("success", "ci95", "distinct_tasks")}
+                            for name, r in measure(cfg, tokenizer=c.tokenizer).items()}
+    if budget["hier_dir"]:
+        Path(budget["hier_dir"]).mkdir(parents=True, exist_ok=True)
+        (Path(budget["hier_dir"]) / f"{side}.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+HIER_SIDES = {"flat": ("frozenlake-8x8-v0", 24), "hier": ("frozenlake-hier-v0", 40)}
+
+
+def hier_arm(budget: dict[str, Any], tmp: str, extra: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """8x8 FrozenLake: planner / executor with milestone and hindsight rewards vs flat training, same steps, tasks and
+    episodes per step (and, with ``--sft N``, the same SFT steps on each side's own oracle), evaluated every tenth of
+    the run on the same held-out maps (the hierarchy's task key is the map's), beside the flat env's random, rule and
+    oracle. ``--hier-side`` trains one side only (two processes can then train the two sides side by side), saving it
+    to ``--hier-dir``; a side not trained here is read from there."""
+    sides: dict[str, Any] = {}
+    for side, (env_id, max_turns) in HIER_SIDES.items():
+        saved = Path(budget["hier_dir"] or tmp) / f"{side}.json"
+        if budget["hier_side"] in (side, "both"):
+            sides[side] = hier_side(side, env_id, max_turns, budget, tmp, extra)
+            gc.collect()  # one run's model, optimizer and engine in memory at a time
+        elif saved.exists():
+            sides[side] = json.loads(saved.read_text())
+    if len(sides) < 2:
+        print(f"hierarchy: trained {budget['hier_side']} only (saved in {budget['hier_dir']}); the ratio needs both sides")
+        return {}
+    flat, hier = sides["flat"], sides["hier"]
+    table = {**flat["baselines"], **{f"{name}_{side}": sides[side][name] for side in sides for name in ("base", "sft")
+                                     if name in sides[side]}, "flat": flat["trained"], "hier": hier["trained"]}
+    curves = {"flat_curve": [tuple(p) for p in flat["curve"]], "hier_curve": [tuple(p) for p in hier["curve"]]}
+    ratio, note = steps_ratio(curves["flat_curve"], curves["hier_curve"])
+    print(f"8x8 FrozenLake, success on {flat['trained']['distinct_tasks']} held-out maps:")
+    for name in ("random", "rule", "base_flat", "sft_flat", "flat", "base_hier", "sft_hier", "hier", "oracle"):
+        if name in table:
+            print(f"  {name:10s} {cell(table[name])}")
+    print(f"  curves: flat {curves['flat_curve']}; hier {curves['hier_curve']}")
+    print(f"  hier_steps_ratio: {ratio} ({note})")
+    return {"hier_steps_ratio": ratio, "hier": {**table, **curves, "ratio_note": note, "sides": sides}}
 
 
 def per_role_arm(budget: dict[str, int], tmp: str, extra: dict[str, Any], rng: random.Random) -> dict[str, Any]:
@@ -370,24 +410,35 @@ def main() -> None:
                         help="relay-v0's coloured doors in the cooperative arms (1: one code, which the base model "
                         "already relays 0.94 of the time at 5 and 8 digits; 3: relay-doors-v0)")
     parser.add_argument("--sft", type=int, default=0, metavar="STEPS",
-                        help="cooperative and self-play arms: start from the base fine-tuned for STEPS steps on 64 "
+                        help="cooperative, self-play and hierarchy arms: start from the base fine-tuned for STEPS steps on 64 "
                         "oracle-team demonstrations of training tasks (0: from the base model)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="cooperative arms: train.seed of each repeat "
                         "(the SFT start and both arms); the result fields are the means over them")
+    parser.add_argument("--steps", type=int, default=0, help="training steps per arm (0: the budget's, 30 in full)")
+    parser.add_argument("--hier-side", choices=["both", "none", *HIER_SIDES], default="both",
+                        help="hierarchy arm: train only this side (run the two in two processes with one --hier-dir; "
+                        "none: train neither, report from --hier-dir)")
+    parser.add_argument("--hier-dir", default="", help="hierarchy arm: save each trained side's curve here and read "
+                        "the side not trained from here")
     parser.add_argument("--league", nargs="*", choices=["rule", "oracle"], default=[],
                         help="self-play arm: scripted members kept in the pool beside the base model and the 2 newest "
                         "snapshots (multiagent.league; rule: one object from the largest heap, always legal)")
     args = parser.parse_args()
     budget = {**BUDGETS["smoke" if args.smoke else "full"], "digits": args.digits, "doors": args.doors, "sft": args.sft,
-              "seeds": args.seeds, "league": args.league}
+              "seeds": args.seeds, "league": args.league, "hier_side": args.hier_side, "hier_dir": args.hier_dir}
+    if args.steps:
+        budget["steps"] = args.steps
     rng = random.Random(0)
     extra = {"train": {"threads": args.threads}} if args.threads else {}
     t0 = time.perf_counter()
     fields: dict[str, Any] = {"budget": "smoke" if args.smoke else "full", **budget}
+    measured: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for arm in args.arms:
-            fields |= ARMS[arm](budget, tmp, extra, rng)
-    path = merge_result("multiagent", fields | {"wall_s": time.perf_counter() - t0})
+            measured |= ARMS[arm](budget, tmp, extra, rng)
+    if not measured:  # one hierarchy side only: its curve is in --hier-dir
+        return
+    path = merge_result("multiagent", fields | measured | {"wall_s": time.perf_counter() - t0})
     print(f"wrote {path}")
 
 
