@@ -256,11 +256,13 @@ class MultiAgentCollector(Collector):
         return agent.context.prompt()
 
     def _generate(self, requests: list[tuple[_Episode, str, list[int]]], sampling: SamplingParams) -> list[Completion]:
-        """Completions of ``requests`` in order: one batched ``generate`` per engine that plays some of them."""
+        """Completions of ``requests`` in order: one batched ``generate`` per engine and role. A role's prompts share
+        its system prompt and examples, so an engine with a prefix store computes that head once per call; mixing the
+        roles in one call would leave the prompts almost no common head and prefill every one whole."""
         out: dict[int, Completion] = {}
-        by_engine: dict[int, list[int]] = {}
+        by_engine: dict[tuple[int, str], list[int]] = {}
         for i, (ep, role, _) in enumerate(requests):
-            by_engine.setdefault(id(ep.agents[role].engine), []).append(i)
+            by_engine.setdefault((id(ep.agents[role].engine), role), []).append(i)
         for indices in by_engine.values():
             first_ep, first_role, _ = requests[indices[0]]
             engine = first_ep.agents[first_role].engine
