@@ -314,12 +314,12 @@ def hier_side(side: str, env_id: str, max_turns: int, budget: dict[str, Any], tm
     """One side of the hierarchy measurement: (with ``--sft N``, fine-tune the base on N steps of the side's own oracle
     demonstrations first, then) train ``env_id``, evaluated every tenth of the run; the step-0 and final rows, the
     held-out success curve and the milestone reward paid per step. Saved to ``--hier-dir`` when given."""
-    every = {"eval": {"every": max(1, budget["steps"] // 10)}}
+    every = {"eval": {"every": budget["eval_every"] or max(1, budget["steps"] // 10)}}
     start: dict[str, Any] = {}
     side_rows: dict[str, Any] = {}
-    if budget["sft"]:
+    if budget["sft"]:  # evaluated before (the base row) and after (also the RL run's step 0) only
         run = sft(config(env_id, budget, tmp, {"env": {"max_turns": max_turns}, "sft": {"steps": budget["sft"], "num_demos": 64},
-                                                **extra}))
+                                                "eval": {"every": 0}, **extra}))
         side_rows["base"], start = row(run.before), {"model": {"path": str(run.model_path)}}
         gc.collect()
     cfg = config(env_id, budget, tmp, {"env": {"max_turns": max_turns}, **every, **extra, **start})
@@ -415,6 +415,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="cooperative arms: train.seed of each repeat "
                         "(the SFT start and both arms); the result fields are the means over them")
     parser.add_argument("--steps", type=int, default=0, help="training steps per arm (0: the budget's, 30 in full)")
+    parser.add_argument("--eval-every", type=int, default=0, help="hierarchy arm: evaluate every N steps (0: every "
+                        "tenth of the run)")
     parser.add_argument("--hier-side", choices=["both", "none", *HIER_SIDES], default="both",
                         help="hierarchy arm: train only this side (run the two in two processes with one --hier-dir; "
                         "none: train neither, report from --hier-dir)")
@@ -425,7 +427,7 @@ def main() -> None:
                         "snapshots (multiagent.league; rule: one object from the largest heap, always legal)")
     args = parser.parse_args()
     budget = {**BUDGETS["smoke" if args.smoke else "full"], "digits": args.digits, "doors": args.doors, "sft": args.sft,
-              "seeds": args.seeds, "league": args.league, "hier_side": args.hier_side, "hier_dir": args.hier_dir}
+              "seeds": args.seeds, "league": args.league, "hier_side": args.hier_side, "hier_dir": args.hier_dir, "eval_every": args.eval_every}
     if args.steps:
         budget["steps"] = args.steps
     rng = random.Random(0)
