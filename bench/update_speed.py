@@ -12,6 +12,7 @@ autocast), runs a first update (cold: CPU kernels are built per shape; AdamW's s
 - ``full``: today's default, the exact gradient of every parameter;
 - ``lora``: LoRA adapters (``lora.*`` defaults: rank 16 on every attention and MLP projection);
 - ``lora_freeze15``: LoRA with the lower 15 decoder layers frozen (their adapters too): the backward stops at layer 15;
+- ``lora_freeze20``: the same with the lower 20 frozen (adapters on the upper 10 layers);
 - ``freeze15`` / ``freeze24``: ``train.freeze_layers`` = 15 / 24 of the 30 decoder layers (and the embeddings);
 - ``no_prompt_grad``: ``train.prompt_grad=false`` (the context before each micro-batch's kept span without autograd);
 - ``freeze15_no_prompt_grad``: both;
@@ -201,7 +202,7 @@ def main() -> int:
         r["first_over_warm"] = r["first_update_s"] / r["update_s"]
     fields = {"smoke": args.smoke, "overrides": args.overrides, "updates": args.updates, "threads": args.threads,
               "batch": batch, "arms": results}
-    for name in ("lora", "lora_freeze15"):  # issue 19's LoRA target, judged for each LoRA arm measured
+    for name in ("lora", "lora_freeze15", "lora_freeze20"):  # issue 19's LoRA target, judged for each LoRA arm measured
         if name in results:
             r = results[name]
             fields[f"{name}_target"] = "speed_vs_full >= 1.5 and peak_rss_vs_full <= 0.6"

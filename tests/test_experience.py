@@ -3,7 +3,7 @@ with the experience and skill libraries on."""
 
 import pytest
 
-from turnrl.agent.experience import ExperienceLibrary, ExperienceRetrieval, Record, jaccard, key_tokens, render_block
+from turnrl.agent.experience import ExperienceLibrary, ExperienceRetrieval, Record, render_block
 from turnrl.config import ConfigError, load_config
 from turnrl.envs import Env, make
 from turnrl.types import Advantages, Termination, Trajectory, TrajectoryGroup, Turn
@@ -207,16 +207,9 @@ def test_a_tiny_run_with_both_libraries_logs_their_metrics_and_checkpoints_them(
 
 
 def bench_module():
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from tests.bench_modules import load_bench
 
-    bench = Path(__file__).resolve().parents[1] / "bench"
-    sys.path.insert(0, str(bench))
-    spec = importlib.util.spec_from_file_location("experience_bench", bench / "experience.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("experience")
 
 
 def curve(*points: tuple[int, float]) -> list[dict]:

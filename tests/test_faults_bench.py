@@ -1,11 +1,8 @@
 """bench/faults.py counts a probe as held only when it passed: a failure, a skip or a broken teardown does not hold."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_modules import load_bench
 
 PROBES = '''
 import pytest
@@ -43,9 +40,7 @@ def test_not_a_probe():
 
 def _count(tmp_path, only=None):
     """Run PROBES through pytest in this process with bench/faults.py's counter; return the counter."""
-    spec = importlib.util.spec_from_file_location("bench_faults", ROOT / "bench" / "faults.py")
-    faults = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(faults)
+    faults = load_bench("faults")
     (tmp_path / "test_probes.py").write_text(PROBES)
     counter = faults.ProbeCounter(only=only)
     args = [str(tmp_path), "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "--import-mode=importlib"]

@@ -275,13 +275,9 @@ def test_the_long_memory_recipe_keeps_the_code_at_under_a_third_of_full_contexts
 
 def test_the_memory_bench_gives_the_full_context_arm_batches_of_as_many_turns():
     """bench/memory.py --sft: a full-context sample is a whole episode, so its SFT batch is divided by the turns."""
-    import importlib.util
-    import sys
+    from tests.bench_modules import load_bench
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("memory_bench", ROOT / "bench" / "memory.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("memory")
     long_ = load_config(ROOT / "configs" / "memory_long.yaml")  # 20 rooms: 21 turns, 16 / 21 -> 1 episode
     assert bench.sft_batch(long_, "full_context") == ["sft.batch_size=1"]
     assert bench.sft_batch(load_config(ROOT / "configs" / "memory.yaml"), "full_context") == ["sft.batch_size=2"]

@@ -357,14 +357,12 @@ def test_missing_vllm_names_the_extra(monkeypatch):
 
 def test_gpu_check_script_runs_end_to_end_on_the_fake(fake_vllm, tokenizer, model, tmp_path, capsys, monkeypatch):
     """bench/gpu_check.py's own logic (prompts, comparisons, sync check, table) with vLLM faked as above."""
-    import importlib.util
     import json
-    from pathlib import Path
+
+    from tests.bench_modules import load_bench
 
     _unset_multiprocessing_env(monkeypatch)
-    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parents[1] / "bench" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = load_bench("gpu_check")
     model.save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")
     code = gpu_check.main(["--model", str(tmp_path / "m"), "--prompts", "2", "--max-new-tokens", "3", "--throughput-prompts", "2",
@@ -382,13 +380,11 @@ def test_gpu_check_script_runs_end_to_end_on_the_fake(fake_vllm, tokenizer, mode
 def test_gpu_check_training_check_runs_async_with_a_sharded_learner(tiny_model_dir, tmp_path, capsys):
     """Check 6 of bench/gpu_check.py (async mode, a 2-rank FSDP2 learner) with the CPU engine, as it runs without a GPU:
     every step updated, with a staleness and importance-ratio statistics logged."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parents[1] / "bench" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    from tests.bench_modules import load_bench
+
+    gpu_check = load_bench("gpu_check")
     code = gpu_check.main(["--train-only", "--train-engine", "native", "--train-steps", "2", "--model",
                            str(tiny_model_dir), "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr().out
