@@ -315,17 +315,18 @@ def hier_side(side: str, env_id: str, max_turns: int, budget: dict[str, Any], tm
     demonstrations first, then) train ``env_id``, evaluated every tenth of the run; the step-0 and final rows, the
     held-out success curve and the milestone reward paid per step. Saved to ``--hier-dir`` when given."""
     every = {"eval": {"every": budget["eval_every"] or max(1, budget["steps"] // 10)}}
+    env = {"env": {"max_turns": max_turns, "progress_reward": budget["flat_progress"] if side == "flat" else 0.0}}
     start: dict[str, Any] = {}
     side_rows: dict[str, Any] = {}
     if budget["sft"]:  # evaluated before (the base row) and after (also the RL run's step 0) only
-        run = sft(config(env_id, budget, tmp, {"env": {"max_turns": max_turns}, "sft": {"steps": budget["sft"], "num_demos": 64},
-                                                "eval": {"every": 0}, **extra}))
+        run = sft(config(env_id, budget, tmp, {**env, "sft": {"steps": budget["sft"], "num_demos": 64}, "eval": {"every": 0},
+                                                **extra}))
         side_rows["base"], start = row(run.before), {"model": {"path": str(run.model_path)}}
         gc.collect()
-    cfg = config(env_id, budget, tmp, {"env": {"max_turns": max_turns}, **every, **extra, **start})
+    cfg = config(env_id, budget, tmp, {**env, **every, **extra, **start})
     first, side_rows["trained"], rows, c = trained(cfg)
     side_rows["sft" if budget["sft"] else "base"] = first
-    out = {**side_rows, "curve": success_curve(rows),
+    out = {**side_rows, "curve": success_curve(rows), "progress_reward": cfg.env.progress_reward,
            "milestone_per_step": [r["rollout/reward/milestone"] for r in rows if "rollout/reward/milestone" in r],
            "seconds": sum(r.get("perf/rollout_s", 0.0) + r.get("perf/train_s", 0.0) for r in rows)}
     if side == "flat":
@@ -362,7 +363,8 @@ def hier_arm(budget: dict[str, Any], tmp: str, extra: dict[str, Any], rng: rando
                                      if name in sides[side]}, "flat": flat["trained"], "hier": hier["trained"]}
     curves = {"flat_curve": [tuple(p) for p in flat["curve"]], "hier_curve": [tuple(p) for p in hier["curve"]]}
     ratio, note = steps_ratio(curves["flat_curve"], curves["hier_curve"])
-    print(f"8x8 FrozenLake, success on {flat['trained']['distinct_tasks']} held-out maps:")
+    print(f"8x8 FrozenLake, success on {flat['trained']['distinct_tasks']} held-out maps (flat trained with "
+          f"env.progress_reward={flat.get('progress_reward', 0.0)}):")
     for name in ("random", "rule", "base_flat", "sft_flat", "flat", "base_hier", "sft_hier", "hier", "oracle"):
         if name in table:
             print(f"  {name:10s} {cell(table[name])}")
@@ -417,6 +419,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=0, help="training steps per arm (0: the budget's, 30 in full)")
     parser.add_argument("--eval-every", type=int, default=0, help="hierarchy arm: evaluate every N steps (0: every "
                         "tenth of the run)")
+    parser.add_argument("--flat-progress", type=float, default=0.0, help="hierarchy arm: the flat side's "
+                        "env.progress_reward (oracle-progress shaping; 0: the goal reward only, as the hierarchy's env)")
     parser.add_argument("--hier-side", choices=["both", "none", *HIER_SIDES], default="both",
                         help="hierarchy arm: train only this side (run the two in two processes with one --hier-dir; "
                         "none: train neither, report from --hier-dir)")
@@ -427,7 +431,8 @@ def main() -> None:
                         "snapshots (multiagent.league; rule: one object from the largest heap, always legal)")
     args = parser.parse_args()
     budget = {**BUDGETS["smoke" if args.smoke else "full"], "digits": args.digits, "doors": args.doors, "sft": args.sft,
-              "seeds": args.seeds, "league": args.league, "hier_side": args.hier_side, "hier_dir": args.hier_dir, "eval_every": args.eval_every}
+              "seeds": args.seeds, "league": args.league, "hier_side": args.hier_side, "hier_dir": args.hier_dir, "eval_every": args.eval_every,
+              "flat_progress": args.flat_progress}
     if args.steps:
         budget["steps"] = args.steps
     rng = random.Random(0)
