@@ -10,6 +10,7 @@ from turnrl.engines.native import NativeEngine, UnsupportedModelError
 from turnrl.envs import make
 from turnrl.agent import ContextSpec
 from turnrl.rollout import Collector
+from turnrl.models.prefix import common_prefix_len
 
 from tests.test_engine import _hf_greedy, _prompts
 
@@ -240,6 +241,40 @@ def test_a_collection_does_not_depend_on_the_one_before(tokenizer, tiny_model):
     engine.generate([prompts[0], prompts[0][:-1] + prompts[1][-1:]], params)  # stores a longer head than the one below
     after = engine.generate(prompts[2:], params)
     assert [(o.token_ids, o.logprobs) for o in after] == [(o.token_ids, o.logprobs) for o in alone]
+
+
+def _family(tokenizer, system: str) -> list[list[int]]:
+    """Three prompts that share a system prompt (a role's prompts in a multi-agent env)."""
+    return [tokenizer(tokenizer.apply_chat_template([{"role": "system", "content": system * 3}, {"role": "user", "content": q}],
+                                                    add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"]
+            for q in ("PFFH\nFHFF", "SFFF\nFHPH", "which way?")]
+
+
+def test_calls_that_alternate_between_two_prompt_families_compute_each_head_once(tokenizer, tiny_model):
+    """The prefix store keeps a head across calls at the same weights (a planner's and an executor's calls alternate),
+    and what a call samples is what a fresh engine samples for it; new weights drop the stored heads."""
+    planner = _family(tokenizer, "You set subgoals on a grid. Answer GOAL <row> <col>. ")
+    executor = _family(tokenizer, "You walk a grid. Answer with Left, Down, Right or Up. ")
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+    engine = NativeEngine(tiny_model, tokenizer, dtype="bf16", seed=4)
+    for family in (planner, executor):
+        engine.generate(family, params)
+    prefilled = engine.counters["prefill_tokens"]
+    opened = engine._opened
+    again = [engine.generate(family, params) for family in (planner, executor)]
+    new_tokens = sum(len(p) - common_prefix_len(family) for family in (planner, executor) for p in family)
+    assert engine.counters["prefill_tokens"] - prefilled == new_tokens  # no head computed again
+    for family, out in zip((planner, executor), again):
+        fresh = NativeEngine(tiny_model, tokenizer, dtype="bf16", seed=4)
+        for _ in range(opened if family is planner else opened + len(planner)):
+            fresh.open()  # the same sample keys as the call above
+        alone = fresh.generate(family, params)
+        assert [(o.token_ids, o.logprobs) for o in out] == [(o.token_ids, o.logprobs) for o in alone]
+    engine.sync_weights()
+    prefilled = engine.counters["prefill_tokens"]
+    engine.generate(planner, params)
+    head = common_prefix_len(planner)
+    assert engine.counters["prefill_tokens"] - prefilled == head + sum(len(p) - head for p in planner)  # computed anew
 
 
 def _llama_with_biases(tokenizer):

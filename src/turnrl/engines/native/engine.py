@@ -8,8 +8,11 @@ What it does differently from :class:`~turnrl.engines.hf.HFEngine` (the referenc
   ``t+1`` is turn ``t``'s prompt + response + the env's answer, so only the answer's tokens (and the last
   sampled token) are ever computed: the conversation is never prefilled again. With ``per_step`` the
   prompts share the system prompt and few-shot head, which is likewise never recomputed.
-- **A prefix store** keeps the KV of a prompt head that fresh sequences share (computed once per collection,
-  copied into each new slot; dropped with the weights and when the last sequence closes, with the cache).
+- **A prefix store** keeps the KV of a prompt head that fresh sequences share, copied into each new slot. It keeps
+  the last few heads (``max_heads``) until the weights change, so calls that alternate between prompt families (the
+  roles of a multi-agent env, each with its own system prompt and examples) compute each head once per weight
+  version, not once per call. A head is reused only for exactly the head a fresh engine would compute (the common
+  prefix of the call's fresh prompts), so what a call samples does not depend on the calls before it.
 - **Continuous batching.** :meth:`agenerate` is a coroutine per request; a driver task runs engine ticks.
   A tick is one forward pass over every running request's next token together with the new prompt tokens
   of the requests admitted now, laid end to end (the matmuls see no padding; only attention groups them
@@ -85,6 +88,7 @@ class NativeEngine(LlamaForward):
         max_len: tokens a sequence may hold (prompt and response).
         seed: seeds every sequence's generator.
         min_shared_prefix: the shortest head worth keeping in the prefix store.
+        max_heads: heads the prefix store keeps at once (least recently used dropped first).
         threads: torch threads (default: this machine's CPUs).
         packed_weights: store the weight matrices pre-packed for oneDNN (ignored where torch has no oneDNN).
         prefill_tokens: rows prefilled per forward pass hold at most this many (padded) new tokens (at least one
@@ -101,6 +105,7 @@ class NativeEngine(LlamaForward):
         max_len: int = 2048,
         seed: int = 0,
         min_shared_prefix: int = 16,
+        max_heads: int = 4,
         threads: int | None = None,
         packed_weights: bool = True,
         prefill_tokens: int = 8192,
@@ -111,6 +116,7 @@ class NativeEngine(LlamaForward):
         self.prefill_tokens = prefill_tokens
         self.seed = seed
         self.min_shared_prefix = min_shared_prefix
+        self.max_heads = max_heads
         self.version = 0
         eos = tokenizer.eos_token_id
         self.end_ids: set[int] = {eos} if eos is not None else set()
@@ -120,7 +126,8 @@ class NativeEngine(LlamaForward):
         self._waiting: list[_Request] = []
         self._running: list[_Request] = []
         self._driver: asyncio.Task | None = None
-        self._prefix: tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self._prefix: tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]] | None = None  # the head in use
+        self._heads: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()  # LRU
         self.counters = {
             "prefill_tokens": 0, "decode_tokens": 0, "reused_tokens": 0, "evictions": 0, "ticks": 0,
             # time of ticks that prefill (decode rows riding along included) and of decode-only ticks, with the
@@ -162,6 +169,7 @@ class NativeEngine(LlamaForward):
         key/value (the prefix store's too): all stale."""
         self._load_weights()
         self._prefix = None
+        self._heads.clear()
         for s in self._seqs.values():
             s.tokens = []
 
@@ -190,7 +198,7 @@ class NativeEngine(LlamaForward):
         hole, seq.slot = seq.slot, None
         self._slot_owner[hole] = None
         if all(o is None for o in self._slot_owner):  # nothing resident: start the next collection afresh
-            self._reset_cache()  # the stored head goes with it: it may be longer than the cache now holds (issue 25)
+            self._reset_cache()  # the head in use goes with it (the stored heads stay: a copy grows the cache first)
             self._prefix = None
             return
         last = max((i for i, o in enumerate(self._slot_owner) if o is not None), default=-1)
@@ -378,6 +386,11 @@ class NativeEngine(LlamaForward):
         if self._prefix is not None and common_prefix_len([self._prefix[0], fresh[0]]) >= n:
             return
         head = fresh[0][:n]
+        stored = self._heads.get(tuple(head))
+        if stored is not None:  # computed by an earlier call at these weights, as this call would compute it
+            self._heads.move_to_end(tuple(head))
+            self._prefix = (head, stored)
+            return
         slot = next((i for i, o in enumerate(self._slot_owner) if o is None), None)
         borrowed = None
         if slot is None:  # all slots taken: borrow a fresh request's slot; it is refilled from the store next
@@ -386,6 +399,9 @@ class NativeEngine(LlamaForward):
         self._forward([slot], [head], [0], need_logits=False)
         self.counters["prefill_tokens"] += n
         self._prefix = (head, self._read_slot(slot, n))
+        self._heads[tuple(head)] = self._prefix[1]
+        while len(self._heads) > self.max_heads:
+            self._heads.popitem(last=False)
         if borrowed is not None:
             borrowed.tokens = []
 
@@ -395,6 +411,7 @@ class NativeEngine(LlamaForward):
         n = min(common_prefix_len([head, prompt]), len(prompt) - 1)
         if n < self.min_shared_prefix:
             return
+        self._ensure_capacity(n)  # a head stored before the cache was last reset may be longer than it is now
         self._write_slot(seq.slot, kv, n)
         seq.tokens = head[:n]
 
