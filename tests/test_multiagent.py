@@ -69,6 +69,33 @@ def test_each_role_trains_on_exactly_the_ids_its_engine_saw(tokenizer, tiny_mode
     assert sum(t.num_turns for t in trajs) == len(engine.seen)
 
 
+@pytest.mark.parametrize("strategy", ["per_step", "full"])
+def test_a_session_engine_keeps_each_roles_cache_and_samples_what_the_model_gives_those_ids(tokenizer, tiny_model, strategy):
+    """The native engine plays each role of an episode in a session of its own: every turn's logprobs are the model's
+    on exactly the ids recorded for that role, a role's cached ids are not computed again, an episode samples the same
+    whichever episodes share its batches, and no session is left open."""
+    import torch
+
+    from turnrl.engines.native import NativeEngine
+
+    engine = NativeEngine(tiny_model, tokenizer, dtype="fp32", max_len=1024, seed=2)
+    col = MultiAgentCollector(engine, tokenizer, lambda: make("nim-v0", max_turns=6), ContextSpec(strategy=strategy))
+    params = SamplingParams(max_new_tokens=4, temperature=1.0)
+    groups = col.collect([3, 4], 2, params)
+    trajs = [t for g in groups for t in g.trajectories]
+    assert engine._seqs == {}  # every session closed with its episode
+    for s in build_samples(trajs, Advantages([[1.0] * t.num_turns for t in trajs])):  # each role's ids as trained on
+        ids = torch.tensor([s.input_ids])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(tiny_model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+        trained = [i for i, m in enumerate(s.loss_mask) if m]
+        assert torch.allclose(torch.tensor([s.behaviour_logprobs[i] for i in trained]), logprobs[[i - 1 for i in trained]], atol=1e-4)
+    assert engine.counters["prefill_tokens"] < col.take_stats().prompt_tokens / 2  # heads (per_step) or conversations (full) not recomputed
+    alone = col.collect([4], 2, params)  # seed 4's episodes, now without seed 3's beside them
+    assert [[turn.response_ids for turn in t.turns] for g in alone for t in g.trajectories] == \
+        [[turn.response_ids for turn in t.turns] for g in groups[2:] for t in g.trajectories]
+
+
 def test_rewards_success_and_team_return_per_role(tokenizer):
     engine = ScriptedEngine(tokenizer, lambda prompt, n: oracle_text(prompt))
     col = MultiAgentCollector(engine, tokenizer, lambda: make("relay-v0", invalid_penalty=0.0))

@@ -12,9 +12,14 @@ agent it is from its prompt alone. Token-in, token-out holds per role: a turn's 
 conditioned on and produced *for that role*; the other roles' responses reach it only as observation text the env
 wrote (a message, a move), never as their tokens.
 
-Lock step: each joint step, every live episode asks its env which roles act; their prompts go to the engine in one
-batched ``generate`` per engine (a role a :class:`Lineup` gives to another engine, such as a frozen self-play
-opponent, is generated there and not recorded); then every env steps concurrently. A role's context is opened
+Lock step: each joint step, every live episode asks its env which roles act; their prompts go to the engines one
+batch per engine and role (a role a :class:`Lineup` gives to another engine, such as a frozen self-play opponent, is
+generated there and not recorded); then every env steps concurrently. A
+:class:`~turnrl.engines.base.SessionEngine` (the native engine) holds one session per episode and role, opened when the
+role first acts and closed when the episode ends, keyed by (task seed, episode index, role index): it keeps each
+role's KV cache between turns, so a role's system prompt and examples (``per_step``) or its whole conversation
+(``full``) are computed once per episode, not every turn, and what a role samples does not depend on its batch.
+Other engines get one batched ``generate`` per engine and role. A role's context is opened
 when the role first acts, on the newest observation it has then, and advances lazily: its response and the newest
 observation the env gave it are appended only when it acts again, so observations it got while others acted
 collapse into the newest (the contract: it answers its newest one).
@@ -39,7 +44,7 @@ from typing import Protocol
 
 from turnrl.agent.chat import ChatRenderer
 from turnrl.agent.context import ContextSpec, EpisodeContext
-from turnrl.engines.base import Completion, Engine, SamplingParams, written
+from turnrl.engines.base import Completion, Engine, SamplingParams, SessionEngine, written
 from turnrl.envs.multiagent import MultiAgentEnv, MultiStep
 from turnrl.rollout.collector import Collector, EnvFault, _run
 from turnrl.types import Termination, Trajectory, TrajectoryGroup, Turn
@@ -140,11 +145,14 @@ class _Agent:
     pending: tuple[list[int], str] | None = None  # (response ids, text) the env has answered, not yet in the context
     observation: str = ""  # the newest observation the env gave this role
     done: bool = False
+    session: int | None = None  # its engine's session, when the engine has sessions
 
 
 @dataclass
 class _Episode:
     env: MultiAgentEnv
+    seed: int = 0
+    index: int = 0  # position within its group
     agents: dict[str, _Agent] = field(default_factory=dict)
     ended: bool = False
 
@@ -182,19 +190,25 @@ class MultiAgentCollector(Collector):
             by_role = {role: TrajectoryGroup(env_id=env_id, seed=seed) for role in env.roles if role not in opponents}
             groups += by_role.values()
             for index in range(group_size):
-                starts.append(self._start_episode(env if index == 0 else self.env_factory(), seed, by_role, opponents, env_id))
+                starts.append(self._start_episode(env if index == 0 else self.env_factory(), seed, index, by_role, opponents,
+                                                  env_id))
         live = [ep for ep in await asyncio.gather(*starts) if ep is not None]
         for gi, g in enumerate(groups):
             for t in g.trajectories:
                 t.group_index = gi
-        while live:
-            live = await self._joint_step(live, sampling)
+        episodes = list(live)
+        try:
+            while live:
+                live = await self._joint_step(live, sampling)
+        finally:  # an engine error ends the collection: free the sessions of the episodes it cut short
+            for ep in episodes:
+                _close_sessions(ep)
         return groups
 
-    async def _start_episode(self, env: MultiAgentEnv, seed: int, groups: dict[str, TrajectoryGroup],
+    async def _start_episode(self, env: MultiAgentEnv, seed: int, index: int, groups: dict[str, TrajectoryGroup],
                              opponents: Mapping[str, Engine], env_id: str) -> _Episode | None:
         """Reset ``env`` and open a context per role; None when the reset failed (its trajectories end as env errors)."""
-        ep = _Episode(env)
+        ep = _Episode(env, seed, index)
         trajs = {}
         for role, group in groups.items():
             trajs[role] = Trajectory(env_id=env_id, seed=seed, policy_version=self.engine.version, context=self.context.strategy,
@@ -234,7 +248,7 @@ class MultiAgentCollector(Collector):
                     break
                 requests.append((ep, role, ids))
         requests = [r for r in requests if not r[0].ended]
-        completions = self._generate(requests, sampling)
+        completions = await self._generate(requests, sampling)
         actions: dict[int, dict[str, tuple[list[int], Completion]]] = {}
         for (ep, role, ids), comp in zip(requests, completions):
             actions.setdefault(id(ep), {})[role] = (ids, comp)
@@ -255,25 +269,47 @@ class MultiAgentCollector(Collector):
             agent.pending = None
         return agent.context.prompt()
 
-    def _generate(self, requests: list[tuple[_Episode, str, list[int]]], sampling: SamplingParams) -> list[Completion]:
-        """Completions of ``requests`` in order: one batched ``generate`` per engine and role. A role's prompts share
-        its system prompt and examples, so an engine with a prefix store computes that head once per call; mixing the
-        roles in one call would leave the prompts almost no common head and prefill every one whole."""
+    async def _generate(self, requests: list[tuple[_Episode, str, list[int]]], sampling: SamplingParams) -> list[Completion]:
+        """Completions of ``requests`` in order: one batch per engine and role, in a session per episode and role
+        where the engine has sessions. A role's fresh prompts share its system prompt and examples, so an engine with
+        a prefix store computes that head once for them (mixing the roles would leave almost no common head): while
+        some session is new the batches go one after another; once every session holds its head they go together,
+        so the roles decode in the same engine passes."""
         out: dict[int, Completion] = {}
-        by_engine: dict[tuple[int, str], list[int]] = {}
+        batches: dict[tuple[int, str], list[int]] = {}
         for i, (ep, role, _) in enumerate(requests):
-            by_engine.setdefault((id(ep.agents[role].engine), role), []).append(i)
-        for indices in by_engine.values():
-            first_ep, first_role, _ = requests[indices[0]]
-            engine = first_ep.agents[first_role].engine
+            batches.setdefault((id(ep.agents[role].engine), role), []).append(i)
+
+        async def batch(indices: list[int]) -> None:
+            first_ep, role, _ = requests[indices[0]]
+            engine = first_ep.agents[role].engine
             prompts = [requests[i][2] for i in indices]
-            t0 = time.perf_counter()
-            for i, comp in zip(indices, engine.generate(prompts, sampling)):
+            if isinstance(engine, SessionEngine):
+                completions = await asyncio.gather(*(self._in_session(requests[i][0], role, requests[i][2], sampling)
+                                                     for i in indices))
+            else:
+                completions = engine.generate(prompts, sampling)
+            for i, comp in zip(indices, completions):
                 out[i] = comp
-            self.stats.generate_s += time.perf_counter() - t0
             self.stats.prompt_tokens += sum(len(p) for p in prompts)
             self.stats.generated_tokens += sum(len(out[i].token_ids) for i in indices)
+
+        t0 = time.perf_counter()
+        if any(ep.agents[role].session is None and isinstance(ep.agents[role].engine, SessionEngine) for ep, role, _ in requests):
+            for indices in batches.values():
+                await batch(indices)
+        else:
+            await asyncio.gather(*(batch(indices) for indices in batches.values()))
+        self.stats.generate_s += time.perf_counter() - t0
         return [out[i] for i in range(len(requests))]
+
+    async def _in_session(self, ep: _Episode, role: str, prompt: list[int], sampling: SamplingParams) -> Completion:
+        """``prompt`` completed in the session of ``role`` in ``ep`` (opened on its first turn)."""
+        agent = ep.agents[role]
+        engine: SessionEngine = agent.engine  # type: ignore[assignment]
+        if agent.session is None:
+            agent.session = engine.open(sample_key=(ep.seed, ep.index, ep.env.roles.index(role)))
+        return await engine.agenerate(agent.session, prompt, sampling)
 
     async def _act(self, ep: _Episode, responses: dict[str, tuple[list[int], Completion]]) -> bool:
         """Step the env with every acting role's response and record the turns; returns whether the episode goes on."""
@@ -343,12 +379,21 @@ class MultiAgentCollector(Collector):
             traj.team_return = team
             if why == Termination.ENV_ERROR:
                 traj.termination, traj.error = why, error
+        _close_sessions(ep)
         try:
             ep.env.close()
         except Exception as e:  # noqa: BLE001 - the episode already ended
             for traj in trajs:
                 traj.error = "; ".join(filter(None, [traj.error, f"close failed: {type(e).__name__}: {e}"]))
         ep.ended = True
+
+
+def _close_sessions(ep: _Episode) -> None:
+    """Close the engine sessions of ``ep``'s roles (each once)."""
+    for agent in ep.agents.values():
+        if agent.session is not None:
+            agent.engine.close(agent.session)  # type: ignore[attr-defined]
+            agent.session = None
 
 
 def _ending(terminated: bool, info: Mapping[str, object]) -> Termination:
