@@ -306,7 +306,8 @@ def steps_ratio(flat: list[tuple[int, float]], hier: list[tuple[int, float]]) ->
         return None, f"flat training did not improve on its base ({flat_base:.3f} -> {flat_final:.3f}): nothing to reach"
     reached = next((step for step, success in hier if success >= flat_final), None)
     if reached is None:
-        return None, f"the hierarchy never reached flat's final success {flat_final:.3f} (its best: {max(s for _, s in hier):.3f})"
+        return None, (f"the hierarchy never reached flat's final success {flat_final:.3f} in its {hier[-1][0]} steps (its best: "
+                      f"{max(s for _, s in hier):.3f}){'; it trained fewer steps than flat' if hier[-1][0] < flat_steps else ''}")
     return reached / flat_steps, f"the hierarchy reached {flat_final:.3f} at step {reached} of flat's {flat_steps}"
 
 
