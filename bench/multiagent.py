@@ -71,7 +71,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from baselines import measure  # noqa: E402
-from machine import merge_result  # noqa: E402
+from machine import commit, cpu_model, merge_result  # noqa: E402
 
 from turnrl.build import build, sampling_params  # noqa: E402
 from turnrl.config import Config  # noqa: E402
@@ -334,6 +334,8 @@ def hier_side(side: str, env_id: str, max_turns: int, budget: dict[str, Any], tm
         out["baselines"] = {name: {k: r[k] for k in ("success", "ci95", "distinct_tasks")}
                             for name, r in measure(cfg, tokenizer=c.tokenizer).items()}
     if budget["hier_dir"]:
+        out = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(),
+               "cpu": cpu_model(), **out}
         Path(budget["hier_dir"]).mkdir(parents=True, exist_ok=True)
         (Path(budget["hier_dir"]) / f"{side}.json").write_text(json.dumps(out, indent=1))
     return out
