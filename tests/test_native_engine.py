@@ -361,3 +361,18 @@ def test_collector_with_native_engine_matches_hf_engine_greedy(tokenizer, tiny_m
             assert a.termination == b.termination
     if context == "full":  # every turn after the first prefilled only the env's answer
         assert native.counters["reused_tokens"] > native.counters["prefill_tokens"]
+
+
+def test_default_threads_keep_an_omp_num_threads_the_user_set(monkeypatch):
+    """``train.threads=0`` means all cores, unless the user pinned fewer with ``$OMP_NUM_THREADS`` (torch's convention):
+    two runs started side by side with OMP_NUM_THREADS=1 must not each take every core."""
+    from turnrl.engines.native.model import machine_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cores = machine_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert machine_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", str(cores + 8))  # more than the machine has: the machine's count
+    assert machine_threads() == cores
+    monkeypatch.setenv("OMP_NUM_THREADS", "banana")  # not a count: ignored
+    assert machine_threads() == cores

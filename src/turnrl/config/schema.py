@@ -176,7 +176,7 @@ class TrainConfig(Section):
     seed: int = Field(0, ge=0, lt=2**32, description="seed of every RNG (sampling, task order, init)")
     seed_start: int = Field(0, ge=0, description="first training task seed; tasks are seed_start, seed_start+1, ...")
     max_minutes: float = Field(0.0, ge=0.0, description="stop (and evaluate) after this wall time; 0 = no limit")
-    threads: int = Field(0, ge=0, description="torch threads (0 = all cores)")
+    threads: int = Field(0, ge=0, description="torch threads (0 = all cores, or $OMP_NUM_THREADS when set)")
     freeze_layers: int = Field(0, ge=0, description="freeze the embeddings and the first N decoder layers: they run "
                                "forward only and get no update (the gradient of the rest is exact; docs/speed.md)")
     prompt_grad: bool = Field(True, description="false: each micro-batch's context before its first predicting position "

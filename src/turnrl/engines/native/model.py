@@ -27,11 +27,15 @@ class UnsupportedModelError(ValueError):
 
 
 def machine_threads() -> int:
-    """Threads for torch on this machine: the CPUs this process may run on (physical ones on 2-way SMT)."""
+    """Threads for torch on this machine: the CPUs this process may run on, or ``$OMP_NUM_THREADS`` when it is set to
+    fewer (torch's own convention: a user who pins two runs to one thread each sets it and expects it kept)."""
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - macOS
         n = os.cpu_count() or 1
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if omp.isdigit() and int(omp) > 0:
+        n = min(n, int(omp))
     return max(1, n)
 
 
