@@ -38,7 +38,7 @@ from turnrl.engines.sessions import SessionStore
 from turnrl.envs import Env, make
 from turnrl.learner import Critic, CriticParams, Learner, LearnerParams, build_samples
 from turnrl.learner.roles import role_policies
-from turnrl.models import frozen_copy, load_model, load_tokenizer
+from turnrl.models import frozen_copy, load_model, load_tokenizer, precision_note, use_bf16
 from turnrl.models.freeze import freeze_lower_layers
 from turnrl.models.recompute import checkpoint_layers, is_checkpointed, wanted as recompute_wanted
 from turnrl.models.lora import LoraError, add_lora, is_lora, load_lora, split_adapter_path, trainable_parameters
@@ -162,6 +162,7 @@ def describe(c: Components) -> dict[str, str]:
         "held-out": f"{held} (eval seeds from {cfg.eval.seed_start}; training skips their task keys)",
         "estimator": cfg.algo.estimator,
         "engine": type(c.engine).__name__,
+        "precision": precision_note(cfg.model.autocast_bf16),
         "threads": str(torch.get_num_threads()),
     }
 
@@ -399,7 +400,7 @@ def _engine(cfg: Config, model, tokenizer) -> Engine:
                           "use rollout.engine=native or hf, or lora.enabled=false")
     try:
         return make_engine(
-            cfg.rollout.engine, model, tokenizer, bf16=cfg.model.autocast_bf16, seed=cfg.train.seed,
+            cfg.rollout.engine, model, tokenizer, bf16=use_bf16(cfg.model.autocast_bf16), seed=cfg.train.seed,
             max_slots=max(cfg.rollout.tasks_per_step * cfg.rollout.group_size, cfg.eval.num_tasks),
             max_len=cfg.rollout.max_context_tokens, model_path=cfg.model.path, threads=cfg.train.threads or None,
         )
@@ -573,7 +574,6 @@ def save(c: Components, run_dir: Path, step: int, monitor_state: dict[str, Any])
 
 def restore(c: Components, ckpt: Path, rng: bool = False) -> dict[str, Any]:
     """Load a checkpoint's weights, optimizer, engine, reward-shaper and agent-library state (and the RNGs when resuming).
-
     Returns the checkpoint's state (``step``, ``monitor``, ...). Raises :class:`~turnrl.checkpoint.CheckpointError`
     when it is damaged, unsafe, or not of this model.
     """

@@ -31,7 +31,11 @@ _Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 class ModelConfig(Section):
     path: str = Field("default", description="'default' (embedded SmolLM2-135M-Instruct) or a local HF model directory")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the master weights")
-    autocast_bf16: bool = Field(True, description="run forward passes (generation and training) under bf16 autocast on CPU")
+    autocast_bf16: bool | Literal["auto"] = Field(
+        "auto", description="run forward passes (generation and training) under bf16 autocast on CPU; 'auto' = on where "
+        "this CPU multiplies bf16 matrices clearly faster than fp32 (bf16 units: AMX, AVX512-BF16), off where bf16 is "
+        "emulated and several times slower (AVX2-only CPUs) (docs/speed.md)"
+    )
     reference: bool = Field(False, description="keep a frozen reference copy for KL (needed when algo.kl_coef > 0)")
 
 

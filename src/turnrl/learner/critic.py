@@ -40,6 +40,7 @@ from turnrl.learner import losses
 from turnrl.credit.base import ValueInputs
 from turnrl.learner.samples import pack_by_length
 from turnrl.models.prefix import additive_mask, bucket_rows, common_prefix_len, forward, left_padded, positions_from_mask, prefix_cache
+from turnrl.models.precision import use_bf16
 from turnrl.types import Termination, Trajectory
 
 
@@ -111,7 +112,7 @@ class CriticParams:
     def from_config(cls, cfg: Config) -> "CriticParams":
         a = cfg.algo
         return cls(mode=a.critic, lr=a.critic_lr, value_clip=a.value_clip, grad_clip=cfg.train.grad_clip,
-                   micro_batch_tokens=cfg.train.micro_batch_tokens, autocast_bf16=cfg.model.autocast_bf16)
+                   micro_batch_tokens=cfg.train.micro_batch_tokens, autocast_bf16=use_bf16(cfg.model.autocast_bf16))
 
 
 class Critic:

@@ -24,6 +24,7 @@ from turnrl.learner import losses
 from turnrl.learner.samples import Batch, build_samples, collate, micro_batches
 from turnrl.models.lora import adapter_disabled
 from turnrl.models.prefix import PrefixCache, additive_mask, forward, prefix_cache
+from turnrl.models.precision import use_bf16
 from turnrl.types import Advantages, Termination, TrainSample, Trajectory
 
 
@@ -210,7 +211,7 @@ class LearnerParams:
         t, a = cfg.train, cfg.algo
         return cls(
             lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay, warmup_steps=t.warmup_steps, grad_clip=t.grad_clip,
-            micro_batch_tokens=t.micro_batch_tokens, autocast_bf16=cfg.model.autocast_bf16,
+            micro_batch_tokens=t.micro_batch_tokens, autocast_bf16=use_bf16(cfg.model.autocast_bf16),
             temperature=cfg.rollout.temperature, ppo_epochs=a.ppo_epochs, clip_low=a.clip_low, clip_high=a.clip_high,
             dual_clip=a.dual_clip, ratio_level=a.ratio_level, entropy_coef=a.entropy_coef, kl_coef=a.kl_coef,
             kl_type=a.kl_type, kl_clamp=a.kl_clamp, loss_agg=a.loss_agg,

@@ -14,6 +14,7 @@ from turnrl.models.loading import (
     resolve_model_path,
     tiny_model,
 )
+from turnrl.models.precision import precision_note, use_bf16
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -25,6 +26,8 @@ __all__ = [
     "frozen_copy",
     "load_model",
     "load_tokenizer",
+    "precision_note",
     "resolve_model_path",
     "tiny_model",
+    "use_bf16",
 ]
