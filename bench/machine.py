@@ -87,11 +87,12 @@ def header(measure: bool = True) -> dict[str, Any]:
             "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "commit": commit(), **facts(measure)}
 
 
-def write_result(name: str, fields: dict[str, Any], measure: bool = True) -> Path:
-    """Write ``bench/results/NAME.json``: the header, then ``fields``; returns the path."""
+def write_result(name: str, fields: dict[str, Any], measure: bool = True, head: dict[str, Any] | None = None) -> Path:
+    """Write ``bench/results/NAME.json``: the header (``head`` when the caller already took it, so that the file and
+    the RESULTS.md section carry the same machine facts), then ``fields``; returns the path."""
     path = ROOT / "bench" / "results" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**header(measure), **fields}, indent=2) + "\n")
+    path.write_text(json.dumps({**(head or header(measure)), **fields}, indent=2) + "\n")
     return path
 
 

@@ -47,10 +47,11 @@ def cpu_flags() -> list[str]:
 
 
 def timed(fn, seconds: float = 1.0, most: int = 20) -> float:
-    """Seconds per call of ``fn``: one warm-up call, then calls until ``seconds`` have passed (at least 2)."""
+    """Seconds per call of ``fn``: one warm-up call, then calls until ``seconds`` have passed (at least
+    ``min(2, most)``, at most ``most``)."""
     fn()
     reps, t = 0, time.perf_counter()
-    while reps < most and (reps < 2 or time.perf_counter() - t < seconds):
+    while reps < most and (reps < min(2, most) or time.perf_counter() - t < seconds):
         fn()
         reps += 1
     return (time.perf_counter() - t) / reps
@@ -104,7 +105,7 @@ def update_s(model, tok) -> dict[str, float]:
     for name in DTYPES:
         cfg = load_config(None, [f"model.autocast_bf16={name == 'bf16'}", "train.activation_checkpointing=false"])
         learner = Learner(copy.deepcopy(model), LearnerParams.from_config(cfg), pad_id=tok.pad_token_id)
-        out[name] = round(timed(lambda: learner.update(samples), 1.0, 2), 2)
+        out[name] = round(timed(lambda: learner.update(samples), 1.0, 1), 2)  # bf16 can take minutes
         del learner
     print(f"Learner.update (16 samples, {sum(len(s.input_ids) for s in samples)} tokens, 96 trained): bf16 "
           f"{out['bf16']} s, fp32 {out['fp32']} s; fp32/bf16 time {out['fp32'] / out['bf16']:.2f}", flush=True)
@@ -136,18 +137,18 @@ def main() -> int:
     if args.no_write:
         return 0
     head = header()
-    write_result("precision", fields)
+    write_result("precision", fields, head=head)
     rows = "\n".join(f"| {r} x 576 x 1536 matmul | {v['bf16']} GFLOP/s | {v['fp32']} GFLOP/s | {v['bf16'] / v['fp32']:.2f} |"
                      for r, v in mm.items())
     append_results(
         f"### bf16 or fp32 on this CPU — {head['date']}\n\n"
-        f"Command: `{head['command']}` ({head['cpu']}, {head['threads']} threads; flags: {' '.join(flags) or 'unknown'}; "
+        f"Command: `{head['command']}` ({head['cpu']}, threads: {head['threads']}; flags: {' '.join(flags) or 'unknown'}; "
         f"peaks {head['peak_gflops_bf16']} GFLOP/s bf16, {head['peak_gflops_fp32']} fp32; {head['bandwidth_gbs']} GB/s; "
         f"commit {head['commit']}). Results: `bench/results/precision.json`.\n\n"
         "| what | bf16 | fp32 | bf16 speed over fp32 |\n|---|---:|---:|---:|\n" + rows + "\n"
         f"| decode pass, 8 rows x 192 cached (native engine) | {dec['bf16']} ms | {dec['fp32']} ms | {dec['fp32'] / dec['bf16']:.2f} |\n"
         f"| `Learner.update`, 16 per-step samples, 96 trained tokens | {upd['bf16']} s | {upd['fp32']} s | {upd['fp32'] / upd['bf16']:.2f} |\n\n"
-        f"`model.autocast_bf16=auto` here: {precision_note('auto')}.\n")
+        f"`model.autocast_bf16=auto` chooses {fields['auto_chooses']} here (its probe: a bf16 linear at {probe:.2f}x fp32's speed).\n")
     return 0
 
 
