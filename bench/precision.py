@@ -83,7 +83,6 @@ def decode_ms(model, tok, rows: int = 8, context: int = 192) -> dict[str, float]
             for K, V in zip(eng._k, eng._v):
                 K[s, :, :context], V[s, :, :context] = K[0, :, :context], V[0, :, :context]
         out[name] = round(1e3 * timed(lambda: eng._forward(list(range(rows)), [[5]] * rows, [context] * rows), 3.0), 1)
-        del eng
     print(f"decode pass ({rows} rows, {context} cached): bf16 {out['bf16']} ms, fp32 {out['fp32']} ms; fp32/bf16 time "
           f"{out['fp32'] / out['bf16']:.2f}", flush=True)
     return out
@@ -106,7 +105,6 @@ def update_s(model, tok) -> dict[str, float]:
         cfg = load_config(None, [f"model.autocast_bf16={name == 'bf16'}", "train.activation_checkpointing=false"])
         learner = Learner(copy.deepcopy(model), LearnerParams.from_config(cfg), pad_id=tok.pad_token_id)
         out[name] = round(timed(lambda: learner.update(samples), 1.0, 1), 2)  # bf16 can take minutes
-        del learner
     print(f"Learner.update (16 samples, {sum(len(s.input_ids) for s in samples)} tokens, 96 trained): bf16 "
           f"{out['bf16']} s, fp32 {out['fp32']} s; fp32/bf16 time {out['fp32'] / out['bf16']:.2f}", flush=True)
     return out
@@ -130,7 +128,7 @@ def main() -> int:
     tok, model = load_tokenizer("default"), load_model("default")
     dec = decode_ms(model, tok)
     upd = update_s(model, tok)
-    fields = {"flags": flags, "bf16_speedup_probe": round(probe, 3), "auto_chooses": "bf16" if "bf16" in precision_note("auto")[:4] else "fp32",
+    fields = {"flags": flags, "bf16_speedup_probe": round(probe, 3), "auto_chooses": "bf16" if use_bf16("auto") else "fp32",
               "matmul_gflops": mm, "decode_ms": dec, "update_s": upd,
               "decode_fp32_over_bf16_time": round(dec["fp32"] / dec["bf16"], 3),
               "update_fp32_over_bf16_time": round(upd["fp32"] / upd["bf16"], 3)}
