@@ -18,10 +18,13 @@ default) keeps the numbers.
     python bench/learn_default.py [-c configs/frozenlake_raw.yaml] [--minutes 20] [key=value overrides...]
     python bench/learn_default.py --from-run RUN_DIR      # report a finished run (no training)
     python bench/learn_default.py --speed [--new "train.freeze_layers=15 train.prompt_grad=false"] [--seeds 0 1]
+    python bench/learn_default.py --speed --old model.autocast_bf16=true --new model.autocast_bf16=auto  # precision
 
 ``--speed`` (issue 22) trains today's recipe and the recipe with ``--new``'s overrides on the same seeds, each run
 stopping at its first evaluation at the bar (``eval.stop_at_success``), and reports the wall time each needs to reach
-it. The two sides of a seed run side by side, one thread each, so whatever else loads the machine loads both; a side
+it (``--old`` gives today's side overrides of its own). A side that never reaches the bar within ``--minutes`` has
+no time to it; when that is today's side, the time it ran bounds the ratio from above (``time_ratio_at_most``).
+The two sides of a seed run side by side, one thread each, so whatever else loads the machine loads both; a side
 that finishes first leaves its core idle rather than lending it (one thread cannot use two). The result goes into
 ``bench/results/perf.json`` (old/new seconds to the bar, their ratio, the new side's first step over a warm one and
 its peak RSS, the machine facts) and RESULTS.md.
@@ -96,7 +99,8 @@ def speed_fields(rows: list[dict], evals: list[dict], setup_s: float) -> dict:
     per_token = [s / max(1.0, r.get("perf/prompt_tokens", 0.0) + r.get("perf/generated_tokens", 0.0))
                  for s, r in zip(step_s, train_rows)]
     warm_per_token = sorted(per_token[1:])[len(per_token[1:]) // 2] if len(per_token) > 1 else None
-    return {"seconds_to_bar": to_bar, "first_step_s": step_s[0] if step_s else None, "warm_step_s": warm,
+    ran = max((r["perf/wall_s"] for r in evals), default=0.0) + setup_s  # what a run that never got there had
+    return {"seconds_to_bar": to_bar, "seconds_run": ran, "first_step_s": step_s[0] if step_s else None, "warm_step_s": warm,
             "first_step_over_warm": step_s[0] / warm if warm else None,
             "first_step_per_token_over_warm": per_token[0] / warm_per_token if warm_per_token else None,
             "peak_rss_gb": max((r.get("perf/max_rss_gb", 0.0) for r in rows), default=0.0)}
@@ -204,11 +208,26 @@ def finished(procs: dict[str, subprocess.Popen], out_dir: Path) -> dict[str, dic
     return {name: json.loads((out_dir / f"{name}.json").read_text()) for name in procs}
 
 
+def time_ratios(old: list[dict], new: list[dict]) -> tuple[float | None, float | None, float | None, float | None]:
+    """``(old median seconds to the bar, new median, new / old, at most)`` over the seeds' runs. A side with a seed that
+    never reached the bar has no median (None). When only the old side failed, its time to the bar exceeds the
+    shortest time any of its runs ran, so new / that time bounds the ratio from above (``at most``)."""
+
+    def median_to_bar(runs):
+        vals = [r["seconds_to_bar"] for r in runs]
+        return None if None in vals else statistics.median(vals)
+
+    old_s, new_s = median_to_bar(old), median_to_bar(new)
+    ratio = new_s / old_s if old_s and new_s else None
+    at_most = new_s / min(r["seconds_run"] for r in old) if new_s and old_s is None else None
+    return old_s, new_s, ratio, at_most
+
+
 def speed(args) -> int:
     """Today's recipe against ``--new`` on the same seeds, side by side; seconds to the bar for each (module doc)."""
     machine = facts()  # measured before the runs, on the machine as they find it
     runs: dict[str, list[dict]] = {"today": [], "new": []}
-    extra = {"today": [], "new": shlex.split(args.new)}
+    extra = {"today": shlex.split(args.old), "new": shlex.split(args.new)}
     out_dir = Path(args.run_root)
     out_dir.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:
@@ -220,23 +239,20 @@ def speed(args) -> int:
         for side in runs:
             runs[side].append(done[f"speed_{side}_s{seed}"])
 
-    def median_to_bar(side):  # None when a seed never reached the bar: the side did not meet it
-        vals = [r["seconds_to_bar"] for r in runs[side]]
-        return None if None in vals else statistics.median(vals)
-
-    old_s, new_s = median_to_bar("today"), median_to_bar("new")
-    ratio = new_s / old_s if old_s and new_s else None
-    fields = {"cpu": machine["cpu"], "peak_gflops_bf16": machine["peak_gflops_bf16"], "bandwidth_gbs": machine["bandwidth_gbs"],
-              "old_seconds_to_bar": old_s, "new_seconds_to_bar": new_s, "time_ratio": ratio,
+    old_s, new_s, ratio, at_most = time_ratios(runs["today"], runs["new"])
+    fields = {"cpu": machine["cpu"], "peak_gflops_bf16": machine["peak_gflops_bf16"],
+              "peak_gflops_fp32": machine["peak_gflops_fp32"], "bandwidth_gbs": machine["bandwidth_gbs"],
+              "old_seconds_to_bar": old_s, "new_seconds_to_bar": new_s, "time_ratio": ratio, "time_ratio_at_most": at_most,
               "first_step_over_warm": statistics.median(r["first_step_over_warm"] for r in runs["new"]),
               "first_step_per_token_over_warm": statistics.median(r["first_step_per_token_over_warm"] for r in runs["new"]),
               "peak_rss_gb": max(r["peak_rss_gb"] for r in runs["new"]),
-              "learn_speed": {"new_overrides": args.new, "seeds": args.seeds, "threads_per_side": args.threads,
+              "learn_speed": {"old_overrides": args.old, "new_overrides": args.new, "seeds": args.seeds, "threads_per_side": args.threads,
                               "bar_stop_at_success": args.bar, "runs": runs}}
     fmt = lambda v, f="{:.0f}": "never" if v is None else f.format(v)  # noqa: E731
-    lines = [f"### Time to the bar, today's default against `{args.new}` — {time.strftime('%Y-%m-%d %H:%M')}", "",
+    today = f"today's default with `{args.old}`" if args.old else "today's default"
+    lines = [f"### Time to the bar, {today} against `{args.new}` — {time.strftime('%Y-%m-%d %H:%M')}", "",
              f"Command: `python {' '.join(shlex.quote(a) for a in sys.argv)}` ({machine['cpu']}, {machine['cores']} cores, "
-             f"{machine['peak_gflops_bf16']:.0f} GFLOP/s bf16, {machine['bandwidth_gbs']:.1f} GB/s; torch {torch.__version__}). "
+             f"{machine['peak_gflops_bf16']:.0f} GFLOP/s bf16, {machine['peak_gflops_fp32']:.0f} fp32, {machine['bandwidth_gbs']:.1f} GB/s; torch {torch.__version__}). "
              f"Each seed's two sides ran side by side, {args.threads} thread each, each stopping at its first evaluation "
              f"with held-out success >= {args.bar:g} (the bar also needs +30 pp over step 0 and >= 95% sampled valid actions).", "",
              "| seed | side | seconds to bar | step | final eval success | base | distinct held-out / trained tasks (overlap) "
@@ -248,7 +264,9 @@ def speed(args) -> int:
                          f"| {r['distinct_eval_tasks']} / {r['distinct_train_tasks']} ({r['held_out_keys_trained_on']}) "
                          f"| {fmt(r['first_step_s'], '{:.1f}')} | {fmt(r['warm_step_s'], '{:.1f}')} | {r['peak_rss_gb']:.2f} |")
     lines += ["", f"Median seconds to the bar: today {fmt(old_s)}, new {fmt(new_s)}; ratio new/today "
-                  f"**{fmt(ratio, '{:.2f}')}** (target <= 0.5). New side: first step / warm step "
+                  f"**{fmt(ratio, '{:.2f}')}** (target <= 0.5)"
+                  + (f"; today's side did not reach the bar in the {min(r['seconds_run'] for r in runs['today']):.0f} s it ran, "
+                     f"so the ratio is **at most {at_most:.2f}**" if at_most else "") + ". New side: first step / warm step "
                   f"{fields['first_step_over_warm']:.2f} ({fields['first_step_per_token_over_warm']:.2f} per token: "
                   f"the first batch is the largest), peak RSS {fields['peak_rss_gb']:.2f} GB.", ""]
     text = "\n".join(lines)
@@ -269,6 +287,7 @@ def main() -> int:
     ap.add_argument("--no-write", action="store_true", help="print only; do not append to bench/RESULTS.md")
     ap.add_argument("--out", type=Path, help="write the result fields to this JSON file instead of bench/results/NAME.json")
     ap.add_argument("--speed", action="store_true", help="today's recipe against --new: seconds to the bar (module doc)")
+    ap.add_argument("--old", default="", help="--speed: today's side's overrides (default none: the recipe as shipped)")
     ap.add_argument("--new", default="train.freeze_layers=15 train.prompt_grad=false", help="--speed: the new side's overrides")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="--speed: train.seed of each pair of runs")
     ap.add_argument("--threads", type=int, default=1, help="--speed: torch threads per side")
