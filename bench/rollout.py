@@ -9,12 +9,13 @@ shape), then the measured rounds alternate between engines so machine noise hits
 Engines:
 - ``hf-naive``: the HF engine re-prefilling every prompt from scratch each turn (as naive loops do);
 - ``hf``: the shipped HF engine (computes the prompt head the batch shares once per call);
-- ``native``: KV caches kept across turns, a prefix store, continuous batching, bf16 weights pre-packed
-  for oneDNN;
+- ``native``: KV caches kept across turns, a prefix store, continuous batching, weights pre-packed for oneDNN
+  (where the build supports it);
 - ``native-plain``: the same engine with plain weight matrices (what packing alone buys).
 
 Printed: generated tokens/s (generated tokens / generation wall time), prefilled tokens, the ratio of each
-to ``hf-naive`` and ``hf``; the machine's bf16 matmul peak and memory read bandwidth measured here, the
+to ``hf-naive`` and ``hf``; the machine's matmul peak (in the engines' dtype: ``--dtype``, by default what
+``model.autocast_bf16=auto`` chooses here) and memory read bandwidth measured here, the
 native engine's achieved FLOP/s in decode-only passes and in passes that prefill as a fraction of the peak,
 and the decode roofline: a decode pass reads every weight once, so with R rows on this memory it cannot
 exceed R x FLOPs-per-token / (bytes read / bandwidth), however good the kernels. Then a sweep of synthetic
@@ -46,28 +47,36 @@ ENGINES = ("hf-naive", "hf", "native-plain", "native")
 
 @dataclass
 class Costs:
-    """The model's per-token costs and this machine's limits, for the FLOP/s and roofline figures."""
+    """The model's per-token costs and this machine's limits in the engines' dtype, for the FLOP/s and roofline
+    figures."""
 
-    mm_flops: float  # matmul FLOPs per token incl. the LM head (also the bytes of its bf16 weights)
+    mm_flops: float  # matmul FLOPs per token incl. the LM head (2 per weight)
     attn_flops: float  # attention FLOPs per token per attended position (QK^T and PV)
-    kv_bytes: int  # bf16 key + value bytes per cached position, all layers
-    peak: float  # bf16 matmul GFLOP/s
+    kv_bytes: int  # key + value bytes per cached position, all layers
+    peak: float  # matmul GFLOP/s in the engines' dtype
     bandwidth: float  # memory read GB/s
+    dtype: str = "bf16"  # the engines' dtype: 2 bytes per weight and cached value, or 4 in fp32
+
+    @property
+    def value_bytes(self) -> int:
+        return 2 if self.dtype == "bf16" else 4
 
     @classmethod
-    def measure(cls, model) -> Costs:
+    def measure(cls, model, dtype: str = "bf16") -> Costs:
         cfg = model.config
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         per_layer = sum(p.numel() for n, p in model.model.layers[0].named_parameters() if n.endswith("proj.weight"))
         params = per_layer * cfg.num_hidden_layers + model.get_output_embeddings().weight.numel()
+        size = 2 if dtype == "bf16" else 4
         return cls(mm_flops=2.0 * params, attn_flops=4.0 * cfg.num_attention_heads * hd * cfg.num_hidden_layers,
-                   kv_bytes=2 * 2 * cfg.num_hidden_layers * n_kv * hd, peak=matmul_peak(), bandwidth=read_bandwidth())
+                   kv_bytes=2 * size * cfg.num_hidden_layers * n_kv * hd, bandwidth=read_bandwidth(), dtype=dtype,
+                   peak=matmul_peak(torch.bfloat16 if dtype == "bf16" else torch.float32))
 
     def decode_bound(self, rows: float, kv_positions: float) -> float:
         """The GFLOP/s a decode pass of ``rows`` rows attending ``kv_positions`` cached positions in all can reach:
-        it reads every weight (bf16: 2 bytes per 2 FLOPs of one row) and those keys/values once."""
-        seconds = (self.mm_flops + kv_positions * self.kv_bytes) / (self.bandwidth * 1e9)
+        it reads every weight (2 or 4 bytes per 2 FLOPs of one row) and those keys/values once."""
+        seconds = (self.mm_flops / 2 * self.value_bytes + kv_positions * self.kv_bytes) / (self.bandwidth * 1e9)
         return min(self.peak, rows * self.mm_flops / seconds / 1e9)
 
 
@@ -76,10 +85,10 @@ def decode_sweep(model, tok, rows_list, context: int, costs: Costs) -> list[str]
     against the memory-bandwidth roofline of a pass of R rows. The workload above has at most 32 rows."""
     from turnrl.engines.native import NativeEngine
 
-    out = ["| rows | ms per decode pass | GFLOP/s | of bf16 peak | roofline (memory) | of roofline |", "|---:|---:|---:|---:|---:|---:|"]
+    out = [f"| rows | ms per decode pass | GFLOP/s | of {costs.dtype} peak | roofline (memory) | of roofline |", "|---:|---:|---:|---:|---:|---:|"]
     g = torch.Generator().manual_seed(0)
     for R in rows_list:
-        eng = NativeEngine(model, tok, dtype="bf16", max_slots=R, max_len=context + 64)
+        eng = NativeEngine(model, tok, dtype=costs.dtype, max_slots=R, max_len=context + 64)
         prompt = torch.randint(5, 1000, (context,), generator=g).tolist()
         eng._forward([0], [prompt], [0], need_logits=False)
         for s in range(1, R):  # every slot holds the same context (values do not matter for speed)
@@ -111,6 +120,8 @@ def main() -> int:
     ap.add_argument("--no-write", action="store_true", help="print only; do not append to bench/RESULTS.md")
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES),
                     help="engines to run (hf and native always: the ratios and the decode figure need them)")
+    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                    help="the engines' dtype (auto: what model.autocast_bf16=auto chooses on this machine)")
     ap.add_argument("--sweep-rows", type=int, nargs="*", default=[8, 32, 64, 128, 256],
                     help="decode-pass sizes to time after the workload (none: skip)")
     args = ap.parse_args()
@@ -119,7 +130,7 @@ def main() -> int:
     from turnrl.engines import HFEngine, SamplingParams
     from turnrl.engines.native import NativeEngine
     from turnrl.envs import make
-    from turnrl.models import load_model, load_tokenizer
+    from turnrl.models import load_model, load_tokenizer, precision_note, use_bf16
     from turnrl.agent import ContextSpec
     from turnrl.rollout import Collector
 
@@ -130,21 +141,24 @@ def main() -> int:
     env_kwargs = dict(max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty, progress_reward=cfg.env.progress_reward)
     sp = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature)
     T, G = cfg.rollout.tasks_per_step, cfg.rollout.group_size
-    costs = Costs.measure(model)
+    dtype = args.dtype if args.dtype != "auto" else ("bf16" if use_bf16("auto") else "fp32")  # as a run would choose
+    costs = Costs.measure(model, dtype)
     peak, bandwidth, mm_flops, attn_flops = costs.peak, costs.bandwidth, costs.mm_flops, costs.attn_flops
-    print(f"bf16 matmul peak measured here: {peak:.0f} GFLOP/s; memory read bandwidth {bandwidth:.1f} GB/s", flush=True)
+    print(f"engines in {dtype} ({precision_note(args.dtype if args.dtype == 'auto' else dtype == 'bf16')}); {dtype} "
+          f"matmul peak measured here: {peak:.0f} GFLOP/s; memory read bandwidth {bandwidth:.1f} GB/s", flush=True)
+    bf16 = dtype == "bf16"
 
     lines = []
     of_bound: dict[str, float] = {}  # per context: decode-only GFLOP/s over the lower of the peak and the memory bound
     for context in args.contexts:
         ctx = ContextSpec(context, few_shot=cfg.rollout.few_shot, max_context_tokens=cfg.rollout.max_context_tokens)
         engines = {
-            "hf-naive": HFEngine(model, tok, autocast_bf16=True, min_shared_prefix=10**9),
-            "hf": HFEngine(model, tok, autocast_bf16=True),
+            "hf-naive": HFEngine(model, tok, autocast_bf16=bf16, min_shared_prefix=10**9),
+            "hf": HFEngine(model, tok, autocast_bf16=bf16),
             "native-plain": NativeEngine(
-                model, tok, dtype="bf16", max_slots=T * G, max_len=cfg.rollout.max_context_tokens, packed_weights=False
+                model, tok, dtype=dtype, max_slots=T * G, max_len=cfg.rollout.max_context_tokens, packed_weights=False
             ),
-            "native": NativeEngine(model, tok, dtype="bf16", max_slots=T * G, max_len=cfg.rollout.max_context_tokens),
+            "native": NativeEngine(model, tok, dtype=dtype, max_slots=T * G, max_len=cfg.rollout.max_context_tokens),
         }
         if context == "full":  # the head is the only thing shared; hf-naive and hf differ only in it
             engines.pop("hf-naive")
@@ -194,7 +208,7 @@ def main() -> int:
             f"\nnative engine: prefilled {int(counters['prefill_tokens'])} tokens of {tot['native']['prompt_tok']} logical prompt tokens "
             f"({counters['prefill_tokens'] / max(1, tot['native']['prompt_tok']):.1%}). Decode-only passes "
             f"({int(counters['decode_only_passes'])}, {rows:.1f} rows on average): {dec:.0f} GFLOP/s = {dec / peak:.1%} of the "
-            f"{peak:.0f} GFLOP/s bf16 matmul peak; the memory-bandwidth bound of such a pass on this machine "
+            f"{peak:.0f} GFLOP/s {dtype} matmul peak; the memory-bandwidth bound of such a pass on this machine "
             f"({bandwidth:.1f} GB/s) is {bound:.0f} GFLOP/s = {bound / peak:.1%} of peak, so decode reaches {dec / bound:.0%} of "
             f"what the memory allows. Passes that prefill ({int(counters['decode_tokens'] - counters['decode_only_tokens'])} "
             f"decode rows rode along): >= {pre:.0f} GFLOP/s = {pre / peak:.1%}. Time in passes that prefill "
@@ -202,7 +216,7 @@ def main() -> int:
         )
     if args.sweep_rows:
         context = 192  # about what a per-step FrozenLake row holds
-        lines.append(f"**decode passes by size** (synthetic: every row holds {context} cached tokens; native engine, bf16):\n")
+        lines.append(f"**decode passes by size** (synthetic: every row holds {context} cached tokens; native engine, {dtype}):\n")
         lines += decode_sweep(model, tok, args.sweep_rows, context, costs)
         lines.append("")
     report = "\n".join(lines)
@@ -211,14 +225,15 @@ def main() -> int:
         head = (
             f"\n### Rollout engines — {time.strftime('%Y-%m-%d %H:%M')}\n\n"
             f"Command: `python {' '.join(sys.argv)}` "
-            f"({platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}). Default workload: "
+            f"({platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; engines in {dtype}). Default workload: "
             f"SmolLM2-135M, FrozenLake 4x4, {T} tasks x {G} episodes, <= {cfg.env.max_turns} turns, {cfg.rollout.max_new_tokens} "
             "new tokens per turn, temperature 1; same seeds for every engine, each warmed up first.\n\n"
         )
         append_results(head + report)
         if "per_step" in of_bound:  # the default context's figure is issue 22's decode target (>= 60%)
             perf = {"decode_of_bound": round(of_bound["per_step"], 3), "decode_of_bound_by_context": of_bound}
-            machine = {"peak_gflops_bf16": round(peak, 1), "bandwidth_gbs": round(bandwidth, 2)}  # what the ratio used
+            machine = {f"peak_gflops_{dtype}": round(peak, 1), "bandwidth_gbs": round(bandwidth, 2)}  # what the ratio used
+            perf["decode_dtype"] = dtype
             print(f"wrote {merge_result('perf', perf, machine=machine)}")
     return 0
 
