@@ -143,3 +143,20 @@ def test_workers_ask_ray_for_gpus_only_when_told():
 
     assert actor_options(load_config(None, [])) == {}
     assert actor_options(load_config(None, ["scale.worker_gpus=0.5", "rollout.engine=vllm"])) == {"num_gpus": 0.5}
+
+
+@pytest.mark.parametrize("driver_speedup, dtype", [(8.0, torch.bfloat16), (0.02, torch.float32)])
+def test_workers_sample_in_the_precision_the_driver_chose(local_and_ray, tokenizer, monkeypatch, driver_speedup, dtype):
+    """model.autocast_bf16=auto is resolved once, by the driver: a worker does not probe its own CPU (one run, one
+    dtype). Both directions are checked, so the test fails on any machine if a worker decided for itself."""
+    from turnrl.models import precision
+
+    monkeypatch.setattr(precision, "bf16_speedup", lambda: driver_speedup)
+    cfg = _cfg(1)
+    cfg.model.autocast_bf16 = "auto"
+    c = build(cfg, model=tiny_model(tokenizer, seed=0), tokenizer=tokenizer)
+    try:
+        worker = c.collector.pool.workers[0]
+        assert ray.get(worker.__ray_call__.remote(lambda w: w.engine.dtype)) == dtype
+    finally:
+        c.collector.pool.close()

@@ -22,6 +22,7 @@ from typing import Any
 
 from turnrl.config import Config
 from turnrl.engines import Engine, SamplingParams
+from turnrl.models import use_bf16
 from turnrl.rollout import Collector, RolloutStats
 from turnrl.scale import ScaleError
 from turnrl.types import TrajectoryGroup
@@ -97,7 +98,10 @@ class WorkerPool:
 
     def _spawn(self, index: int):
         train = {"seed": (self.cfg.train.seed + index) % 2**32, "threads": self.threads}
-        cfg = self.cfg.model_copy(update={"train": self.cfg.train.model_copy(update=train)})
+        # the driver's precision, not each worker's own probe: one run samples in one dtype on every worker
+        model = {"autocast_bf16": use_bf16(self.cfg.model.autocast_bf16)}
+        cfg = self.cfg.model_copy(update={"train": self.cfg.train.model_copy(update=train),
+                                          "model": self.cfg.model.model_copy(update=model)})
         actor = self._actor.remote(cfg, self._model, self.tokenizer, self.make_parts)
         if self._weights is not None:  # actor calls run in order: its first chunk sees these weights
             actor.load_weights.remote(self._weights, self.version)
