@@ -36,6 +36,9 @@ def test_auto_turns_bf16_on_only_where_it_is_clearly_faster(speedup, value, chos
     assert use_bf16(True) is True and use_bf16(False) is False  # an explicit setting is never second-guessed
     assert precision_note("auto").startswith("bf16 autocast" if chosen else "fp32")
     assert f"{value:.2f}x fp32's speed" in precision_note("auto")
+    # bf16 forced where it is slower is obeyed, and the announcement says what it costs
+    assert precision_note(True).startswith("bf16 autocast")
+    assert ("auto would compute in fp32" in precision_note(True)) is (not chosen)
 
 
 @pytest.mark.parametrize("value", [8.0, 0.02])

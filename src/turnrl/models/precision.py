@@ -55,6 +55,9 @@ def use_bf16(setting: bool | str) -> bool:
 def precision_note(setting: bool | str) -> str:
     """What a run computes in, for its announcement: ``bf16 autocast`` or ``fp32``, and why when ``auto`` chose."""
     chosen = "bf16 autocast" if use_bf16(setting) else "fp32"
+    if setting is True and bf16_speedup() < BF16_MIN_SPEEDUP:  # obeyed, but say what it costs here
+        return (f"{chosen} (model.autocast_bf16=true, though a bf16 matmul runs at {bf16_speedup():.2f}x fp32's speed on "
+                "this CPU: model.autocast_bf16=auto would compute in fp32)")
     if setting != "auto":
         return f"{chosen} (model.autocast_bf16={str(setting).lower()})"
     return f"{chosen} (model.autocast_bf16=auto: a bf16 matmul runs at {bf16_speedup():.2f}x fp32's speed on this CPU)"
