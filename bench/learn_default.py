@@ -99,7 +99,7 @@ def speed_fields(rows: list[dict], evals: list[dict], setup_s: float) -> dict:
     per_token = [s / max(1.0, r.get("perf/prompt_tokens", 0.0) + r.get("perf/generated_tokens", 0.0))
                  for s, r in zip(step_s, train_rows)]
     warm_per_token = sorted(per_token[1:])[len(per_token[1:]) // 2] if len(per_token) > 1 else None
-    ran = max((r["perf/wall_s"] for r in evals), default=0.0) + setup_s  # what a run that never got there had
+    ran = max((r.get("perf/wall_s", 0.0) for r in evals), default=0.0) + setup_s  # what a run that never got there had
     return {"seconds_to_bar": to_bar, "seconds_run": ran, "first_step_s": step_s[0] if step_s else None, "warm_step_s": warm,
             "first_step_over_warm": step_s[0] / warm if warm else None,
             "first_step_per_token_over_warm": per_token[0] / warm_per_token if warm_per_token else None,
