@@ -8,6 +8,7 @@ and keep these facts beside every number.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import platform
@@ -71,14 +72,19 @@ def facts(measure: bool = True) -> dict[str, Any]:
     return out
 
 
+@functools.cache
 def commit() -> str:
-    """The checked-out commit, with ``+dirty`` when the tree has uncommitted changes."""
+    """The checked-out commit, with ``+dirty`` when the tree has uncommitted changes, as it was when the benchmark
+    started (taken when this module is imported): a run of hours records the code it ran, not a later HEAD."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True)
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+commit()  # the benchmark's start
 
 
 def header(measure: bool = True) -> dict[str, Any]:
