@@ -144,7 +144,7 @@ def main() -> int:
     dtype = args.dtype if args.dtype != "auto" else ("bf16" if use_bf16("auto") else "fp32")  # as a run would choose
     costs = Costs.measure(model, dtype)
     peak, bandwidth, mm_flops, attn_flops = costs.peak, costs.bandwidth, costs.mm_flops, costs.attn_flops
-    print(f"engines in {dtype} ({precision_note(args.dtype if args.dtype == 'auto' else dtype == 'bf16')}); {dtype} "
+    print(f"engines: {precision_note(args.dtype if args.dtype == 'auto' else dtype == 'bf16')}; {dtype} "
           f"matmul peak measured here: {peak:.0f} GFLOP/s; memory read bandwidth {bandwidth:.1f} GB/s", flush=True)
     bf16 = dtype == "bf16"
 
