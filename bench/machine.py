@@ -35,18 +35,24 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def timed(fn, seconds: float = 1.0, most: int = 20) -> float:
+    """Seconds per call of ``fn``: one warm-up call, then calls until ``seconds`` have passed (at least
+    ``min(2, most)``, at most ``most``)."""
+    fn()
+    reps, t = 0, time.perf_counter()
+    while reps < most and (reps < min(2, most) or time.perf_counter() - t < seconds):
+        fn()
+        reps += 1
+    return (time.perf_counter() - t) / reps
+
+
 def matmul_peak(dtype: torch.dtype = torch.bfloat16, seconds: float = 0.5) -> float:
     """Best GFLOP/s of ``dtype`` matmuls over a few large shapes (warm), each timed for about ``seconds``: on a CPU
     that emulates bf16 (AVX2 only) one bf16 2048^3 matmul takes seconds, so the repetitions stop at the time budget."""
     best = 0.0
     for m, k, n in ((2048, 2048, 2048), (1024, 576, 3072), (4096, 1024, 1024)):
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
-        torch.nn.functional.linear(a, b)
-        reps, t = 0, time.perf_counter()
-        while reps < 20 and (reps < 2 or time.perf_counter() - t < seconds):
-            torch.nn.functional.linear(a, b)
-            reps += 1
-        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - t) / 1e9)
+        best = max(best, 2 * m * k * n / timed(lambda: torch.nn.functional.linear(a, b), seconds) / 1e9)
     return best
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from machine import append_results, header, write_result  # noqa: E402 - bench/ is not a package
+from machine import append_results, header, timed, write_result  # noqa: E402 - bench/ is not a package
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -44,17 +43,6 @@ def cpu_flags() -> list[str]:
     except OSError:
         pass
     return []
-
-
-def timed(fn, seconds: float = 1.0, most: int = 20) -> float:
-    """Seconds per call of ``fn``: one warm-up call, then calls until ``seconds`` have passed (at least
-    ``min(2, most)``, at most ``most``)."""
-    fn()
-    reps, t = 0, time.perf_counter()
-    while reps < most and (reps < min(2, most) or time.perf_counter() - t < seconds):
-        fn()
-        reps += 1
-    return (time.perf_counter() - t) / reps
 
 
 def matmuls() -> dict[str, dict[str, float]]:
