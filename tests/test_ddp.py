@@ -38,8 +38,11 @@ def _params(**fields) -> LearnerParams:
     return dataclasses.replace(LearnerParams.from_config(cfg), micro_batch_tokens=16, **fields)
 
 
-def _grads(model) -> list[torch.Tensor]:
-    return [p.grad.clone() for p in model.parameters()]
+def _stepped_grads(learner) -> list[list[torch.Tensor]]:
+    """The gradients of every optimizer step ``learner`` takes from now on (it frees them after the step)."""
+    seen: list[list[torch.Tensor]] = []
+    learner.optimizer.register_step_pre_hook(lambda *_: seen.append([p.grad.clone() for p in learner.model.parameters()]))
+    return seen
 
 
 def _assert_close(a: list[torch.Tensor], b: list[torch.Tensor], rel: float) -> None:
@@ -55,14 +58,16 @@ def test_two_ranks_give_the_single_process_gradient_update_after_update(tiny_mod
     assert len(micro_batches(batches[0], params.micro_batch_tokens)) == 3  # uneven: rank 0 runs 2, rank 1 runs 1
     single = Learner(copy.deepcopy(tiny_model), params, pad_id=0)
     ddp = DataParallelLearner.spawn(2, 60.0, copy.deepcopy(tiny_model), params, pad_id=0)
+    single_grads, ddp_grads = _stepped_grads(single), _stepped_grads(ddp)
     try:
         for samples in batches:  # the second update needs rank 1 to hold the weights rank 0 stepped to
             expected, got = single.update(samples, None, demos), ddp.update(samples, None, demos)
-            _assert_close(_grads(ddp.model), _grads(single.model), 1e-6)
+            _assert_close(ddp_grads[-1], single_grads[-1], 1e-6)
             _assert_close(list(ddp.model.parameters()), list(single.model.parameters()), 1e-6)
             assert got.keys() == expected.keys()
             for k in expected:
                 assert got[k] == pytest.approx(expected[k], rel=1e-5, abs=1e-7), k
+        assert len(single_grads) == len(ddp_grads) == len(batches)
     finally:
         ddp.close()
 

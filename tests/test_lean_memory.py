@@ -1,19 +1,30 @@
 """The learner's memory savings (issue 22, item 3) leave the update's result unchanged.
 
 AdamW runs fused (one kernel per parameter, no temporaries the size of all parameters), and the heap is trimmed after
-each update: neither may move the weights beyond floating-point noise from the foreach AdamW they replace.
+each update: neither may move the weights beyond floating-point noise from the foreach AdamW they replace. Grouped-query
+attention runs without a copy of the keys and values per query head, the shared prefix is stored once, and the native
+engine frees its weights while the learner updates: each saves memory and changes no result.
 """
 
 from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
+from types import SimpleNamespace
+
 from tests.test_learner import _samples
-from tests.test_speed_options import _params
+from tests.test_recompute import _saved_bytes
+from tests.test_speed_options import _grads, _params
+from turnrl import loop
 from turnrl.learner import Learner
 from turnrl.learner import learner as learner_module
+from turnrl.learner.learner import response_logits
+from turnrl.learner.samples import collate
+from turnrl.models.attention import NAME
+from turnrl.models.prefix import PrefixCache, prefix_cache
 from turnrl.models.recompute import checkpoint_layers
 
 
@@ -66,3 +77,76 @@ def test_a_foreach_checkpoint_resumes_fused_with_the_same_update(tiny_model):
     resumed.update(samples)
     for (name, a), b in zip(ref_model.named_parameters(), model.parameters()):
         assert torch.allclose(a, b, atol=1e-6, rtol=0), name
+
+
+def _with_transformers_sdpa(model):
+    plain = copy.deepcopy(model)
+    plain.set_attn_implementation("sdpa")
+    return plain
+
+
+def test_models_turnrl_builds_run_grouped_attention(tiny_model):
+    assert tiny_model.config._attn_implementation == NAME
+    assert tiny_model.config.num_key_value_heads < tiny_model.config.num_attention_heads  # grouped: the case it serves
+
+
+def test_grouped_attention_gives_transformers_sdpa_logits_and_gradient(tiny_model):
+    samples = _samples(n=6, prefix_len=24)
+    batch = collate(samples, pad_id=0, min_shared_prefix=4)
+    plain = _with_transformers_sdpa(tiny_model)
+    assert torch.allclose(response_logits(tiny_model, batch), response_logits(plain, batch), atol=1e-5, rtol=0)
+    grouped, reference = _grads(copy.deepcopy(tiny_model), samples, _params()), _grads(plain, samples, _params())
+    for name in reference:
+        assert torch.allclose(grouped[name], reference[name], atol=1e-6, rtol=1e-5), name
+
+
+def test_grouped_attention_saves_no_copy_of_the_keys_per_query_head(tiny_model):
+    batch = collate(_samples(n=6, prefix_len=24), pad_id=0, min_shared_prefix=4)
+    cfg = tiny_model.config
+    rows, keys = batch.attention.shape
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    # saved for the backward: keys and values per query head (repeat_kv's copy) or per key/value head, every layer
+    per_head = 2 * rows * keys * head_dim * 4 * cfg.num_hidden_layers
+    saved = _saved_bytes(copy.deepcopy(tiny_model), batch)
+    extra = per_head * (cfg.num_attention_heads - cfg.num_key_value_heads)
+    assert _saved_bytes(_with_transformers_sdpa(tiny_model), batch) - saved == extra
+
+
+def test_the_shared_prefix_is_stored_once_and_broadcast_in_each_layer(tiny_model):
+    batch = collate(_samples(n=6, prefix_len=24), pad_id=0, min_shared_prefix=4)
+    cache = prefix_cache(tiny_model, batch.prefix)
+    assert isinstance(cache, PrefixCache) and all(layer.keys.shape[0] == 1 for layer in cache.layers)
+    cache.freeze()
+    keys, values = cache.update(torch.zeros(6, 2, 3, 16), torch.zeros(6, 2, 3, 16), 0)
+    assert keys.shape == (6, 2, len(batch.prefix) + 3, 16) and values.shape == keys.shape
+    assert cache.layers[0].keys.shape[0] == 1  # frozen: nothing stored
+
+
+def _loop_parts(async_mode: bool, events: list[str]):
+    engine = SimpleNamespace(release_weights=lambda: events.append("release"))
+    learner = SimpleNamespace(update=lambda samples, values, demos: events.append("update") or {"train/loss": 0.0})
+    cfg = SimpleNamespace(scale=SimpleNamespace(async_mode=async_mode))
+    return SimpleNamespace(cfg=cfg, engine=engine, learner=learner, model=torch.nn.Linear(2, 2))
+
+
+def test_a_synchronous_loop_frees_the_engines_weights_before_the_update_and_an_async_one_never():
+    events: list[str] = []
+    metrics, broken = loop.learn(_loop_parts(False, events), [], None)
+    assert events == ["release", "update"] and broken is None and metrics == {"train/loss": 0.0}
+    events.clear()
+    loop.learn(_loop_parts(True, events), [], None)  # the producer thread is sampling from those weights meanwhile
+    assert events == ["update"]
+
+
+def test_the_heap_threshold_is_fixed_under_activation_checkpointing_by_default(tiny_model, monkeypatch):
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(learner_module, "_glibc", lambda: SimpleNamespace(mallopt=lambda k, v: calls.append((k, v))))
+    Learner(copy.deepcopy(tiny_model), _params(), pad_id=0)  # not checkpointed: glibc's own threshold
+    assert calls == []
+    model = copy.deepcopy(tiny_model)
+    checkpoint_layers(model)
+    assert Learner(model, _params(), pad_id=0).heap_mmap_threshold_kb == 4096
+    assert Learner(copy.deepcopy(tiny_model), _params(heap_mmap_threshold_kb=256), pad_id=0).heap_mmap_threshold_kb == 256
+    assert calls == [(-3, 4096 * 1024), (-3, 256 * 1024)]  # M_MMAP_THRESHOLD, in bytes
+    with pytest.raises(Exception, match="heap_mmap_threshold_kb"):
+        _params(heap_mmap_threshold_kb=-1)

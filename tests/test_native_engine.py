@@ -376,3 +376,23 @@ def test_default_threads_keep_an_omp_num_threads_the_user_set(monkeypatch):
     assert machine_threads() == cores
     monkeypatch.setenv("OMP_NUM_THREADS", "banana")  # not a count: ignored
     assert machine_threads() == cores
+
+
+def test_released_weights_come_back_at_the_sync_and_sample_as_if_never_freed(tokenizer, tiny_model):
+    """The loop frees the engine's weights and cache for the update (loop.learn); the sync reads them in again."""
+    prompts = [tokenizer.encode(f"Walk {i} steps to the goal.") for i in range(3)]
+    params = SamplingParams(max_new_tokens=5, temperature=1.0)
+    kept, freed = (NativeEngine(tiny_model, tokenizer, dtype="fp32", seed=7) for _ in range(2))
+    assert [c.token_ids for c in kept.generate(prompts, params)] == [c.token_ids for c in freed.generate(prompts, params)]
+    freed.release_weights()
+    assert freed._w is None and freed._k == [] and freed._v == []
+    with pytest.raises(RuntimeError, match="sync_weights"):  # raised before anything is queued or a key is drawn
+        freed.generate(prompts, params)
+    with torch.no_grad():  # the learner's update
+        for p in tiny_model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    kept.sync_weights()
+    freed.sync_weights()
+    assert freed.version == kept.version == 1
+    again, reference = freed.generate(prompts, params), kept.generate(prompts, params)
+    assert [(c.token_ids, c.logprobs) for c in again] == [(c.token_ids, c.logprobs) for c in reference]

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from tests.test_ddp import _stepped_grads
 from turnrl.build import build, demo_samples
 from turnrl.cli import main
 from turnrl.config import ConfigError, load_config
@@ -47,7 +48,9 @@ def test_the_demo_loss_is_zero_at_coef_zero_and_its_gradient_is_the_token_mean_n
     # coef c, split over several micro-batches: the gradient of c * (1 / N) sum_t -log pi(y_t), computed by hand
     model, c = tiny_model(tokenizer, seed=2), 0.3
     hand = copy.deepcopy(model)
-    metrics = learner(model, tokenizer, demo_coef=c, lr=0.0, micro_batch_tokens=64).update([], demos=demos)
+    demo_learner = learner(model, tokenizer, demo_coef=c, lr=0.0, micro_batch_tokens=64)
+    stepped = _stepped_grads(demo_learner)
+    metrics = demo_learner.update([], demos=demos)
     n = sum(sum(s.loss_mask) for s in demos)
     total = 0.0
     for s in demos:
@@ -56,8 +59,8 @@ def test_the_demo_loss_is_zero_at_coef_zero_and_its_gradient_is_the_token_mean_n
         total = total - (picked * torch.tensor(s.loss_mask[1:], dtype=torch.float)).sum()
     (c * total / n).backward()
     assert metrics["train/demo_nll"] == pytest.approx(float(total.detach()) / n, rel=1e-4)
-    for (name, p), q in zip(model.named_parameters(), hand.parameters()):
-        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-3), name
+    for (name, _), grad, q in zip(model.named_parameters(), stepped[-1], hand.parameters(), strict=True):
+        assert torch.allclose(grad, q.grad, atol=1e-6, rtol=1e-3), name
 
 
 def test_sft_checkpoint_is_where_rl_starts_and_demo_guided_rl_logs_its_nll(tokenizer, tiny_model, tmp_path):

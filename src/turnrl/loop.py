@@ -225,8 +225,13 @@ def learn(c: Components, samples: list[TrainSample], values: ValueBatch | None, 
     """The learner's update (with the auxiliary NLL of ``demos``, if any); returns its metrics and, when the update
     broke the model, what broke.
 
-    Broken: a non-finite gradient (the learner skips that step) or non-finite weights after it.
+    Broken: a non-finite gradient (the learner skips that step) or non-finite weights after it. In a synchronous run
+    the engine first frees its copy of the weights where it can (the native engine): the sync after the update reads
+    them in again, and the update has the memory meanwhile.
     """
+    release = getattr(c.engine, "release_weights", None)
+    if release is not None and not c.cfg.scale.async_mode:
+        release()
     try:
         metrics = c.learner.update(samples, values, demos or ())
     except FloatingPointError as e:

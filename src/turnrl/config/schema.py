@@ -191,6 +191,11 @@ class TrainConfig(Section):
         "same gradient, much less update memory (default recipe 8.7 -> 5.6 GB), about 1.2x the update time; 'auto' = on "
         "when the machine (or its container) has less than 16 GB of memory (docs/speed.md)"
     )
+    heap_mmap_threshold_kb: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto", description="glibc: blocks above this many KiB get a mapping of their own, returned to the OS when "
+        "freed, instead of staying in the heap (0 = glibc's own threshold, which rises as large blocks are freed); "
+        "process-wide; 'auto' = 4096 when activation checkpointing is on, else 0 (docs/speed.md)"
+    )
 
 
 class EvalConfig(Section):

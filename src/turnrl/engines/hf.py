@@ -139,7 +139,7 @@ class HFEngine:
         """
         rows, S = ids.shape
         per = max(1, self.prefill_tokens // S)
-        prefix_kv = prefix_cache(self.model, prefix, 1) if prefix else None
+        prefix_kv = prefix_cache(self.model, prefix) if prefix else None
         logits, layers = [], []
         for a in range(0, rows, per):
             b = min(rows, a + per)

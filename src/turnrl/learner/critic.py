@@ -163,7 +163,7 @@ class Critic:
         ids, att = left_padded([chunk[b if b < len(chunk) else 0].ids for b in range(B)], P, self.pad_id)
         S = ids.shape[1]
         with self._autocast():
-            cache = prefix_cache(self.trunk, chunk[0].ids[:P], B) if P else None
+            cache = prefix_cache(self.trunk, chunk[0].ids[:P]) if P else None
             dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32
             out, _ = forward(
                 self.trunk, cache, input_ids=ids, attention_mask=additive_mask(att, S, dtype),

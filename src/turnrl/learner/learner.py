@@ -13,7 +13,6 @@ import ctypes
 import ctypes.util
 import functools
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +24,7 @@ from turnrl.learner.samples import Batch, build_samples, collate, micro_batches
 from turnrl.models.lora import adapter_disabled
 from turnrl.models.prefix import PrefixCache, additive_mask, forward, prefix_cache
 from turnrl.models.precision import use_bf16
+from turnrl.models.recompute import is_checkpointed
 from turnrl.types import Advantages, Termination, TrainSample, Trajectory
 
 
@@ -72,7 +72,7 @@ def _kept_forward(model, module, batch: Batch, prompt_grad: bool, **kwargs):
     ids, positions, attention = batch.ids, batch.positions, batch.attention
     context = 0 if prompt_grad else ids.shape[1] - batch.keep
     with torch.set_grad_enabled(prompt_grad and torch.is_grad_enabled()):
-        cache = prefix_cache(model, batch.prefix, ids.shape[0]) if batch.prefix else None
+        cache = prefix_cache(model, batch.prefix) if batch.prefix else None
         if context:
             cache = cache or PrefixCache(config=model.config)
             past = attention.shape[1] - ids.shape[1] + context
@@ -129,18 +129,29 @@ def release_free_memory() -> None:
         libc.malloc_trim(0)
 
 
-HEAP_MMAP_THRESHOLD_ENV = "TURNRL_MALLOC_MMAP_THRESHOLD"
+AUTO_HEAP_MMAP_THRESHOLD_KB = 4096  # train.heap_mmap_threshold_kb=auto under activation checkpointing
 
 
-def limit_heap_retention() -> None:
-    """Opt-in (``$TURNRL_MALLOC_MMAP_THRESHOLD`` bytes, e.g. 262144): fix glibc's mmap threshold, so that every block
-    above it is mapped on its own and returned to the OS when freed. Process-wide and exact, but slower: each such
-    tensor is mapped and faulted in anew. Measured on the default recipe's update with activation checkpointing (issue 22,
-    item 3): peak RSS 5.0 -> 3.83 GB at 256 KiB, for an update up to 1.9x slower (timed on a contended machine)."""
-    value = os.environ.get(HEAP_MMAP_THRESHOLD_ENV)
+def heap_mmap_threshold_kb(setting: int | str, checkpointed: bool) -> int:
+    """``train.heap_mmap_threshold_kb`` resolved: "auto" is :data:`AUTO_HEAP_MMAP_THRESHOLD_KB` when the model's layers
+    are checkpointed (the run is saving memory), else 0 (glibc's own threshold)."""
+    if setting == "auto":
+        return AUTO_HEAP_MMAP_THRESHOLD_KB if checkpointed else 0
+    return int(setting)
+
+
+def limit_heap_retention(threshold_kb: int) -> None:
+    """Fix glibc's mmap threshold at ``threshold_kb`` KiB (0: leave glibc's own), process-wide and for good: every block
+    above it is mapped on its own and returned to the OS when freed.
+
+    glibc's own threshold rises to the size of the largest mapped block freed (up to 32 MB), so after the first
+    micro-batch every activation tensor of the default recipe comes from the heap, where freed space stays resident
+    and fragments. Measured on the default recipe with activation checkpointing (bench/RESULTS.md, 2026-12-06): the
+    first update's peak 3.8-4.0 GB at glibc's threshold, 2.75 GB at 4096 KiB.
+    """
     libc = _glibc()
-    if value and libc is not None:
-        libc.mallopt(-3, int(value))  # M_MMAP_THRESHOLD
+    if threshold_kb and libc is not None:
+        libc.mallopt(-3, threshold_kb * 1024)  # M_MMAP_THRESHOLD
 
 
 @functools.cache
@@ -205,6 +216,7 @@ class LearnerParams:
     is_cap: float = 2.0
     prompt_grad: bool = True  # False: the context before each micro-batch's kept span runs without autograd
     fused_value: bool = True  # a ``head`` critic's value loss reads the policy pass's hidden states (one pass, not two)
+    heap_mmap_threshold_kb: int | str = 0  # train.heap_mmap_threshold_kb (heap_mmap_threshold_kb() resolves "auto")
 
     @classmethod
     def from_config(cls, cfg: Config) -> "LearnerParams":
@@ -217,7 +229,7 @@ class LearnerParams:
             kl_type=a.kl_type, kl_clamp=a.kl_clamp, loss_agg=a.loss_agg,
             norm_len=float(cfg.env.max_turns * cfg.rollout.max_new_tokens), vf_coef=a.vf_coef, demo_coef=a.demo_coef,
             is_correction=a.is_correction, is_level=a.is_level, is_cap=a.is_cap, prompt_grad=t.prompt_grad,
-            fused_value=a.fused_value,
+            fused_value=a.fused_value, heap_mmap_threshold_kb=t.heap_mmap_threshold_kb,
         )
 
 
@@ -327,7 +339,8 @@ class Learner:
         # fused: one kernel per parameter, where the default foreach AdamW allocates temporaries the size of every
         # parameter during the step (0.5 GB on the default model); the same update (tests/test_lean_memory.py)
         self._fused = _fused_adamw_supported() and not any(_is_distributed(p) for g in groups for p in g["params"])
-        limit_heap_retention()
+        self.heap_mmap_threshold_kb = heap_mmap_threshold_kb(params.heap_mmap_threshold_kb, is_checkpointed(model))
+        limit_heap_retention(self.heap_mmap_threshold_kb)
         self.optimizer = torch.optim.AdamW(groups, lr=params.lr, betas=tuple(params.betas), weight_decay=params.weight_decay,
                                            fused=self._fused or None)
         warm = params.warmup_steps
@@ -502,6 +515,7 @@ class Learner:
             raise FloatingPointError(f"gradient norm is {grad_norm}; the update was skipped (weights unchanged)")
         self.optimizer.step()
         self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)  # collection and evaluation need no gradient: free its memory now
         if self.critic is not None and (critic_norm := self.critic.step()) is not None:
             stats.maxima["critic_grad_norm"] = critic_norm
         return grad_norm

@@ -129,9 +129,11 @@ def load_tokenizer(name_or_path: str):
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
 
+    from turnrl.models.attention import use_grouped_attention
+
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=dtype)
     model.config.use_cache = True
-    return model
+    return use_grouped_attention(model)
 
 
 @dataclass
@@ -146,6 +148,8 @@ class TinyModelSpec:
 def tiny_model(tokenizer, spec: TinyModelSpec = TinyModelSpec(), seed: int = 0):
     """A randomly initialised Llama-architecture model over ``tokenizer``'s vocabulary, for tests."""
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from turnrl.models.attention import use_grouped_attention
 
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -163,7 +167,7 @@ def tiny_model(tokenizer, spec: TinyModelSpec = TinyModelSpec(), seed: int = 0):
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    return model
+    return use_grouped_attention(model)
 
 
 def frozen_copy(model):

@@ -138,6 +138,7 @@ class NativeEngine(LlamaForward):
     # ---- protocol ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """Complete each prompt in a sequence of its own (closed afterwards). Order matches input."""
+        self._has_weights()
         seqs = [self.open() for _ in prompts]
         try:
             reqs = [self._submit(self._seqs[s], p, params) for s, p in zip(seqs, prompts)]
@@ -148,10 +149,26 @@ class NativeEngine(LlamaForward):
             for s in seqs:
                 self.close(s)
 
+    def _has_weights(self) -> None:
+        """Raise before anything is queued when :meth:`release_weights` freed the weights and no sync read them in."""
+        if self._w is None:
+            raise RuntimeError("the native engine's weights were released for the learner's update (release_weights); "
+                               "call sync_weights() before generating")
+
     def sync_weights(self) -> None:
         """Copy the learner's weights in and bump the version. Every cached key/value becomes stale and is dropped."""
         self._reload_weights()
         self.version += 1
+
+    def release_weights(self) -> None:
+        """Free the weight copy and every cached key/value until the next :meth:`sync_weights` (or
+        :meth:`load_state_dict`): a synchronous run's loop calls this before the learner's update, which then has that
+        memory (the rollout engines of verl and OpenRLHF sleep the same way). Generating before then raises."""
+        self.release()
+        self._prefix = None
+        self._heads.clear()
+        for s in self._seqs.values():
+            s.tokens = []
 
     def state_dict(self) -> dict[str, Any]:
         """The version and what seeds the sequences' generators (the engine seed, sequences opened so far)."""
@@ -168,6 +185,8 @@ class NativeEngine(LlamaForward):
         """Copy the module's weights in again (LoRA adapters merged in as they are read) and drop every cached
         key/value (the prefix store's too): all stale."""
         self._load_weights()
+        if not self._k:  # released (release_weights): the cache starts at the shape every collection starts from
+            self._reset_cache()
         self._prefix = None
         self._heads.clear()
         for s in self._seqs.values():
@@ -210,6 +229,7 @@ class NativeEngine(LlamaForward):
 
     async def agenerate(self, key: int, prompt: list[int], params: SamplingParams) -> Completion:
         """Complete ``prompt`` in sequence ``key``, reusing what its cache holds; other requests run meanwhile."""
+        self._has_weights()
         req = self._submit(self._seqs[key], prompt, params)
         req.future = asyncio.get_running_loop().create_future()
         if self._driver is None or self._driver.done():

@@ -94,6 +94,7 @@ class LlamaForward:
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.eps = cfg.rms_norm_eps
+        self.n_layers = cfg.num_hidden_layers
         self._refuse_unread(self._load_weights())
         torch.set_num_threads(threads or machine_threads())
         self._rope_tables()
@@ -181,7 +182,7 @@ class LlamaForward:
         cap = min(self.max_len, -(-cap // 64) * 64)
         shape = (self.max_slots, self.n_kv, cap + 1, self.head_dim)
         for cache in (self._k, self._v):
-            for i in range(len(self._w.layers)):
+            for i in range(self.n_layers):
                 new = torch.zeros(shape, dtype=self.dtype)
                 if i < len(cache):
                     new[:, :, : self._cap] = cache[i][:, :, : self._cap]
@@ -198,6 +199,15 @@ class LlamaForward:
         """
         self._k, self._v, self._cap = [], [], 0
         self._ensure_capacity(self._initial_cap)
+
+    def release(self) -> None:
+        """Drop the weight copy and the KV cache until :meth:`_load_weights` reads the weights in again.
+
+        For the learner's update in a synchronous run, which then has their memory: the default model's copy is
+        0.65 GB in fp32, its cache 0.19 GB.
+        """
+        self._w = None
+        self._k, self._v, self._cap = [], [], 0
 
     def _move_slot(self, src: int, dst: int, n: int) -> None:
         """Copy the first ``n`` cached positions of slot ``src`` to slot ``dst``, in every layer."""
