@@ -150,3 +150,20 @@ def test_the_heap_threshold_is_fixed_under_activation_checkpointing_by_default(t
     assert calls == [(-3, 4096 * 1024), (-3, 256 * 1024)]  # M_MMAP_THRESHOLD, in bytes
     with pytest.raises(Exception, match="heap_mmap_threshold_kb"):
         _params(heap_mmap_threshold_kb=-1)
+
+
+def test_every_weights_gradient_is_in_grad_before_the_shared_prefixs_backward_runs(tiny_model, monkeypatch):
+    """The prefix's backward is deferred (turnrl.models.prefix.deferred): autograd no longer holds a second copy of
+    the gradient in its buffers, waiting for the prefix's share; the sum is the same (tests/test_learner.py)."""
+    seen: list[bool] = []
+    backward = torch.autograd.backward
+
+    def recording(tensors, grad_tensors=None, *args, **kwargs):
+        seen.append(all(p.grad is not None for p in tiny_model.model.layers.parameters()))
+        return backward(tensors, grad_tensors, *args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "backward", recording)
+    batch = collate(_samples(n=6, prefix_len=24), pad_id=0, min_shared_prefix=4)
+    assert batch.prefix
+    response_logits(tiny_model, batch).logsumexp(-1).sum().backward()
+    assert seen == [False, True]  # the loss's backward, then the prefix's, inside it, once every layer's is in .grad

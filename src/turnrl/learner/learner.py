@@ -22,7 +22,7 @@ from turnrl.config import Config
 from turnrl.learner import losses
 from turnrl.learner.samples import Batch, build_samples, collate, micro_batches
 from turnrl.models.lora import adapter_disabled
-from turnrl.models.prefix import PrefixCache, additive_mask, forward, prefix_cache
+from turnrl.models.prefix import PrefixCache, additive_mask, deferred, forward, prefix_cache
 from turnrl.models.precision import use_bf16
 from turnrl.models.recompute import is_checkpointed
 from turnrl.types import Advantages, Termination, TrainSample, Trajectory
@@ -72,7 +72,7 @@ def _kept_forward(model, module, batch: Batch, prompt_grad: bool, **kwargs):
     ids, positions, attention = batch.ids, batch.positions, batch.attention
     context = 0 if prompt_grad else ids.shape[1] - batch.keep
     with torch.set_grad_enabled(prompt_grad and torch.is_grad_enabled()):
-        cache = prefix_cache(model, batch.prefix) if batch.prefix else None
+        cache = deferred(prefix_cache(model, batch.prefix), model.config) if batch.prefix else None
         if context:
             cache = cache or PrefixCache(config=model.config)
             past = attention.shape[1] - ids.shape[1] + context
