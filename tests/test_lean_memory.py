@@ -167,3 +167,16 @@ def test_every_weights_gradient_is_in_grad_before_the_shared_prefixs_backward_ru
     assert batch.prefix
     response_logits(tiny_model, batch).logsumexp(-1).sum().backward()
     assert seen == [False, True]  # the loss's backward, then the prefix's, inside it, once every layer's is in .grad
+
+
+def test_bench_memory_phases_counts_the_tensors_alive_and_their_peak():
+    from tests.bench_modules import load_bench
+
+    weights = torch.ones(10)
+    with load_bench("memory_phases").LiveTensors({weights.untyped_storage().data_ptr()}) as live:
+        kept = torch.ones(1000) + weights.sum()  # 4,000 bytes (the sum's and the ones' temporaries are freed)
+        dropped = torch.ones(2000)
+        del dropped
+        _ = weights.mul_(2)  # in place on a storage it skips: not counted
+    assert live.now == 4000 and live.peak >= 4000 + 8000
+    assert sum(live.at_peak.values()) == live.peak and kept.numel() == 1000
