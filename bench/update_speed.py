@@ -5,9 +5,9 @@ The batch is what `turnrl train` trains on at step 0 of the default recipe (conf
 FrozenLake, 4 tasks x 8 episodes, per-step context, grpo_turn): built, collected, credited and turned into samples by
 the library's own path (``build``, ``loop.collect_step``, ``loop.assign_credit``, ``build_samples``), once, in this
 process. Each arm then runs in a fresh subprocess, so one arm's memory high-water mark cannot hide another's: it
-loads the default model, applies the arm's config (``ARMS``), builds the learner from the same config (bf16
-autocast), runs a first update (cold: CPU kernels are built per shape; AdamW's state is created then), then
-``--updates`` timed ones on the same batch. Arms:
+loads the default model, applies the arm's config (``ARMS``), builds the learner from the same config (in the
+precision ``model.autocast_bf16`` chooses), runs a first update (cold: CPU kernels are built per shape; AdamW's
+state is created then), then ``--updates`` timed ones on the same batch. Arms:
 
 - ``full``: today's default, the exact gradient of every parameter;
 - ``lora``: LoRA adapters (``lora.*`` defaults: rank 16 on every attention and MLP projection);
@@ -16,7 +16,10 @@ autocast), runs a first update (cold: CPU kernels are built per shape; AdamW's s
 - ``freeze15`` / ``freeze24``: ``train.freeze_layers`` = 15 / 24 of the 30 decoder layers (and the embeddings);
 - ``no_prompt_grad``: ``train.prompt_grad=false`` (the context before each micro-batch's kept span without autograd);
 - ``freeze15_no_prompt_grad``: both;
-- ``recompute``: ``train.activation_checkpointing=true`` (the exact gradient; each layer recomputed in the backward).
+- ``recompute``: ``train.activation_checkpointing=true`` (the exact gradient; each layer recomputed in the backward),
+  which also fixes glibc's heap threshold at 4096 KiB (``train.heap_mmap_threshold_kb=auto``);
+- ``recompute_glibc_heap``: the same with glibc's own heap threshold (``train.heap_mmap_threshold_kb=0``): the
+  threshold's cost in time and its saving in memory.
 
 Gradient direction: the first update's gradient (taken before its optimizer step, so at the same weights in every
 arm; after clipping, which only scales it) is compared with the ``full`` arm's by cosine, over all parameters (the
@@ -63,6 +66,7 @@ ARMS = {
     "no_prompt_grad": ["train.prompt_grad=false"],
     "freeze15_no_prompt_grad": ["train.freeze_layers=15", "train.prompt_grad=false"],
     "recompute": ["train.activation_checkpointing=true"],
+    "recompute_glibc_heap": ["train.activation_checkpointing=true", "train.heap_mmap_threshold_kb=0"],
 }
 
 
