@@ -120,12 +120,16 @@ def arm(args) -> int:
     if cfg.train.activation_checkpointing:
         checkpoint_layers(model)
     learner = Learner(model, LearnerParams.from_config(cfg), pad_id=tok.pad_token_id)
+    first_grad: dict[str, torch.Tensor] = {}  # the first update's gradient, at the weights every arm starts from,
+    hook = learner.optimizer.register_step_pre_hook(  # as its optimizer step sees it (the learner frees it after)
+        lambda *_: first_grad.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     before = _rss_gb()
     t = time.perf_counter()
     learner.update(samples)  # the first update: cold kernels, AdamW state created
     first_s = time.perf_counter() - t
-    if not cfg.lora.enabled:  # its gradient, at the weights every arm starts from (the step does not clear .grad)
-        torch.save({n: p.grad for n, p in model.named_parameters() if p.grad is not None}, args.grad_file)
+    hook.remove()
+    if not cfg.lora.enabled:
+        torch.save(first_grad, args.grad_file)
     t = time.perf_counter()
     for _ in range(args.updates):
         metrics = learner.update(samples)
