@@ -188,8 +188,9 @@ class TrainConfig(Section):
                               "values (an approximation, faster; docs/speed.md)")
     activation_checkpointing: bool | Literal["auto"] = Field(
         "auto", description="keep only each decoder layer's input for the backward and recompute the layer there: the "
-        "same gradient, much less update memory (default recipe 8.7 -> 5.6 GB), about 1.2x the update time; 'auto' = on "
-        "when the machine (or its container) has less than 16 GB of memory (docs/speed.md)"
+        "same gradient, much less update memory (default recipe in fp32, with the heap threshold 'auto' sets: 7.6 -> "
+        "3.3 GB), about 1.3x the update time; 'auto' = on when the machine (or its container) has less than 16 GB of "
+        "memory (docs/speed.md)"
     )
     heap_mmap_threshold_kb: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         "auto", description="glibc: blocks above this many KiB get a mapping of their own, returned to the OS when "
