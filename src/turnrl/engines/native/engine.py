@@ -138,7 +138,7 @@ class NativeEngine(LlamaForward):
     # ---- protocol ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """Complete each prompt in a sequence of its own (closed afterwards). Order matches input."""
-        self._has_weights()
+        self._require_weights()
         seqs = [self.open() for _ in prompts]
         try:
             reqs = [self._submit(self._seqs[s], p, params) for s, p in zip(seqs, prompts)]
@@ -149,7 +149,7 @@ class NativeEngine(LlamaForward):
             for s in seqs:
                 self.close(s)
 
-    def _has_weights(self) -> None:
+    def _require_weights(self) -> None:
         """Raise before anything is queued when :meth:`release_weights` freed the weights and no sync read them in."""
         if self._w is None:
             raise RuntimeError("the native engine's weights were released for the learner's update (release_weights); "
@@ -229,7 +229,7 @@ class NativeEngine(LlamaForward):
 
     async def agenerate(self, key: int, prompt: list[int], params: SamplingParams) -> Completion:
         """Complete ``prompt`` in sequence ``key``, reusing what its cache holds; other requests run meanwhile."""
-        self._has_weights()
+        self._require_weights()
         req = self._submit(self._seqs[key], prompt, params)
         req.future = asyncio.get_running_loop().create_future()
         if self._driver is None or self._driver.done():
