@@ -71,8 +71,9 @@ class PrefixCache(DynamicCache):
 
 
 def deferred(cache: PrefixCache, config) -> PrefixCache:
-    """``cache`` (of a model with ``config``) with its keys and values cut from the prefix's autograd graph by one node whose backward, which runs
-    once every layer has passed its gradient to them, backpropagates the prefix's graph with those gradients.
+    """``cache`` (of a model with ``config``) with its keys and values cut from the prefix's autograd graph by one
+    node whose backward, which runs once every layer has passed its gradient to them, backpropagates the prefix's
+    graph with those gradients.
 
     The gradient is the same. Without the cut, every weight that both the prefix and the rest of the batch used (all
     of them) holds the rest's gradient in autograd's buffer until the prefix's backward brings its own: a second copy

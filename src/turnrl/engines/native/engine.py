@@ -165,10 +165,7 @@ class NativeEngine(LlamaForward):
         :meth:`load_state_dict`): a synchronous run's loop calls this before the learner's update, which then has that
         memory (the rollout engines of verl and OpenRLHF sleep the same way). Generating before then raises."""
         self.release()
-        self._prefix = None
-        self._heads.clear()
-        for s in self._seqs.values():
-            s.tokens = []
+        self._drop_cached_keys()
 
     def state_dict(self) -> dict[str, Any]:
         """The version and what seeds the sequences' generators (the engine seed, sequences opened so far)."""
@@ -187,6 +184,10 @@ class NativeEngine(LlamaForward):
         self._load_weights()
         if not self._k:  # released (release_weights): the cache starts at the shape every collection starts from
             self._reset_cache()
+        self._drop_cached_keys()
+
+    def _drop_cached_keys(self) -> None:
+        """Forget every cached key/value: the prefix heads, and what each open sequence has in its slot."""
         self._prefix = None
         self._heads.clear()
         for s in self._seqs.values():
