@@ -19,7 +19,8 @@ to ``hf-naive`` and ``hf``; the machine's matmul peak (in the engines' dtype: ``
 native engine's achieved FLOP/s in decode-only passes and in passes that prefill as a fraction of the peak,
 and the decode roofline: a decode pass reads every weight once, so with R rows on this memory it cannot
 exceed R x FLOPs-per-token / (bytes read / bandwidth), however good the kernels. Then a sweep of synthetic
-decode passes of 8-256 rows shows how close the engine gets to that bound, and to the peak, as rows grow.
+decode passes of 8-256 rows shows how close the engine gets to that bound, and to the peak, as rows grow; each row
+also times the pass's matrix products alone, which says how much of the bound the GEMM kernel itself leaves reachable.
 
     python bench/rollout.py [--rounds 2] [--contexts per_step full] [--sweep-rows 8 32 64 128 256] [--no-write]
     python bench/rollout.py --engines hf native --contexts per_step --sweep-rows   # the decode figure, in minutes
@@ -85,8 +86,11 @@ def decode_sweep(model, tok, rows_list, context: int, costs: Costs) -> list[str]
     against the memory-bandwidth roofline of a pass of R rows. The workload above has at most 32 rows."""
     from turnrl.engines.native import NativeEngine
 
-    out = [f"| rows | ms per decode pass | GFLOP/s | of {costs.dtype} peak | roofline (memory) | of roofline |", "|---:|---:|---:|---:|---:|---:|"]
+    out = [f"| rows | ms per decode pass | GFLOP/s | of {costs.dtype} peak | roofline (memory) | of roofline "
+           "| its matmuls alone, ms | matmul weight reads GB/s | of roofline with no other cost |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     g = torch.Generator().manual_seed(0)
+    ceilings: list[float] = []
     for R in rows_list:
         eng = NativeEngine(model, tok, dtype=costs.dtype, max_slots=R, max_len=context + 64)
         prompt = torch.randint(5, 1000, (context,), generator=g).tolist()
@@ -107,10 +111,51 @@ def decode_sweep(model, tok, rows_list, context: int, costs: Costs) -> list[str]
         dt = (time.perf_counter() - t) / n
         got = R * (costs.mm_flops + (context + 1) * costs.attn_flops) / dt / 1e9
         bound = costs.decode_bound(R, R * (context + 1))
+        mm = matmuls_alone(eng, R)
+        weight_bytes = costs.mm_flops / 2 * costs.value_bytes
+        ceiling = R * (costs.mm_flops + (context + 1) * costs.attn_flops) / mm / 1e9 / bound  # the pass were its matmuls
+        ceilings.append(ceiling)
         out.append(f"| {R} | {dt * 1e3:.1f} | {got:.0f} | {got / costs.peak:.1%} | {bound:.0f} GFLOP/s = "
-                   f"{bound / costs.peak:.0%} of peak | {got / bound:.0%} |")
+                   f"{bound / costs.peak:.0%} of peak | {got / bound:.0%} | {mm * 1e3:.1f} | {weight_bytes / mm / 1e9:.1f} "
+                   f"| {ceiling:.0%} |")
         print(out[-1], flush=True)
+    out.append(
+        f"\nThe last three columns time the pass's matrix products alone, with the engine's own weights and kernel "
+        f"(`{'oneDNN, pre-packed' if eng.packed_weights else 'F.linear'}`), the same rows and nothing else. At that "
+        "rate the matrix products alone cap a decode pass at "
+        + ", ".join(f"{c:.0%} ({R} rows)" for R, c in zip(rows_list, ceilings))
+        + " of the roofline, even if attention, norms and every other op took no time. The rest of a pass's time is "
+        "those other ops.")
     return out
+
+
+def matmuls_alone(eng, rows: int, n: int = 10) -> float:
+    """Seconds for one decode pass's matrix products alone: every layer's four fused projections and the LM head over
+    ``rows`` rows, in the engine's dtype, with its stored (maybe packed) weights and the bucketed row count its
+    forward uses. No norms, RoPE, attention, cache writes or Python between layers beyond the calls themselves."""
+    from turnrl.engines.native.model import _bucket_tokens, _linear
+
+    w = eng._w
+    N = _bucket_tokens(rows)
+    hidden = w.embed.shape[1]
+    x = torch.randn(N, hidden).to(eng.dtype)
+    att = torch.randn(N, eng.n_heads * eng.head_dim).to(eng.dtype)
+    act = torch.randn(N, eng.model.config.intermediate_size).to(eng.dtype)
+
+    def one() -> None:
+        for layer in w.layers:
+            _linear(x, layer["qkv"], layer["qkv_bias"])
+            _linear(att, layer["o"], layer["o_bias"])
+            _linear(x, layer["gate_up"], layer["gate_up_bias"])
+            _linear(act, layer["down"], layer["down_bias"])
+        _linear(x[:rows], w.lm_head)
+
+    for _ in range(3):
+        one()
+    t = time.perf_counter()
+    for _ in range(n):
+        one()
+    return (time.perf_counter() - t) / n
 
 
 def main() -> int:

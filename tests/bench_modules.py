@@ -14,5 +14,6 @@ def load_bench(name: str) -> ModuleType:
         sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # registered first, as an import does: a dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
