@@ -19,7 +19,9 @@ state is created then), then ``--updates`` timed ones on the same batch. Arms:
 - ``recompute``: ``train.activation_checkpointing=true`` (the exact gradient; each layer recomputed in the backward),
   which also fixes glibc's heap threshold at 4096 KiB (``train.heap_mmap_threshold_kb=auto``);
 - ``recompute_glibc_heap``: the same with glibc's own heap threshold (``train.heap_mmap_threshold_kb=0``): the
-  threshold's cost in time and its saving in memory.
+  threshold's cost in time and its saving in memory;
+- ``one_group``: ``train.group_by_prompt=false``, the packing before prompt groups (every micro-batch sharing only
+  the prefix the whole batch shares): what grouping by prompt saves (the same gradient, up to floating-point order).
 
 Gradient direction: the first update's gradient (taken before its optimizer step, so at the same weights in every
 arm; after clipping, which only scales it) is compared with the ``full`` arm's by cosine, over all parameters (the
@@ -67,6 +69,7 @@ ARMS = {
     "freeze15_no_prompt_grad": ["train.freeze_layers=15", "train.prompt_grad=false"],
     "recompute": ["train.activation_checkpointing=true"],
     "recompute_glibc_heap": ["train.activation_checkpointing=true", "train.heap_mmap_threshold_kb=0"],
+    "one_group": ["train.group_by_prompt=false"],
 }
 
 

@@ -10,7 +10,7 @@ import torch
 
 from turnrl.config import load_config
 from turnrl.learner import Learner, LearnerParams
-from turnrl.learner.samples import build_samples, collate, micro_batches, shared_prefix_len
+from turnrl.learner.samples import build_samples, collate, micro_batches, pack_by_length, prefix_groups, shared_prefix_len
 from turnrl.types import Advantages, Termination, TrainSample, Trajectory, Turn
 
 
@@ -106,6 +106,59 @@ def test_micro_batches_respect_budget_and_keep_every_sample():
     assert shared >= 19  # the 20-token prefix minus one: budgets count only the rest of each row
     for b in batches:
         assert len(b) == 1 or len(b) * (max(len(s) for s in b) - shared) <= 30
+
+
+def _role_samples(per_role=6, prompt_len=40, seed=3):
+    """Two roles' samples, interleaved as a collector returns them: prompts sharing 2 tokens, then each role's own
+    40-token system prompt, then an observation and the response."""
+    g = torch.Generator().manual_seed(seed)
+    roles = [[1, 2] + torch.randint(5, 1000, (prompt_len,), generator=g).tolist() for _ in range(2)]
+    out = []
+    for i in range(2 * per_role):
+        obs = torch.randint(5, 1000, (3 + i % 3,), generator=g).tolist()
+        resp = torch.randint(5, 1000, (2 + i % 4,), generator=g).tolist()
+        ids = roles[i % 2] + obs + resp
+        out.append(TrainSample(ids, [0] * (len(ids) - len(resp)) + [1] * len(resp),
+                               [0.0] * len(ids), [0.0] * (len(ids) - len(resp)) + [1.0 - i / 6] * len(resp)))
+    return out
+
+
+def _positions(batches) -> int:
+    """Positions the learner runs for these micro-batches: each one's shared prefix once, plus its padded rows."""
+    return sum(len(b.prefix) + b.ids.numel() for b in (collate(mb, 0) for mb in batches))
+
+
+def test_micro_batches_split_samples_by_prompt_where_it_saves_positions():
+    samples = _role_samples()
+    groups = prefix_groups(samples, token_budget=30)
+    assert [[samples.index(s) for s in g] for g in groups] == [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]]  # own order
+    assert shared_prefix_len(samples) == 2 and [shared_prefix_len(g) for g in groups] == [42, 42]
+    batches = micro_batches(samples, token_budget=30)
+    assert sorted(id(s) for b in batches for s in b) == sorted(id(s) for s in samples)
+    assert all({samples.index(s) % 2 for s in b} in ({0}, {1}) for b in batches)  # a micro-batch holds one role
+    mixed = pack_by_length(samples, lambda s: len(s) - 2, 30)  # one group: the prefix all twelve share
+    assert _positions(batches) < 0.6 * _positions(mixed)
+    assert micro_batches(samples, token_budget=30, by_prompt=False) == mixed  # train.group_by_prompt=false
+    # prompts that part only for a few tokens stay together: more micro-batches would cost more than they save
+    barely = _role_samples(prompt_len=2)
+    assert prefix_groups(barely, token_budget=10_000) == [barely]
+    one_prompt = _samples(n=9)
+    assert prefix_groups(one_prompt, token_budget=30) == [one_prompt]
+
+
+def test_grouping_by_prompt_leaves_the_gradient_unchanged(tiny_model):
+    from tests.test_ddp import _assert_close, _stepped_grads
+
+    samples = _role_samples()
+    grads = []
+    for by_prompt in (True, False):  # each role in its own micro-batches; both roles mixed (train.group_by_prompt)
+        params = _params(lr=1e-3, micro_batch_tokens=30, group_by_prompt=by_prompt)
+        assert params.group_by_prompt == by_prompt and _params().group_by_prompt  # on by default
+        learner = Learner(copy.deepcopy(tiny_model), params, pad_id=0)
+        seen = _stepped_grads(learner)
+        learner.update(samples)
+        grads.append(seen[-1])
+    _assert_close(grads[0], grads[1], 1e-5)
 
 
 def _turn(prompt, resp):

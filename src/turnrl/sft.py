@@ -1,7 +1,7 @@
 """``turnrl sft``: supervised fine-tuning on demonstrations, then a checkpoint that ``turnrl train`` starts RL from.
 
     demos   = oracle | file | sample demonstrations on TRAINING tasks only (by task key)
-    samples = build_samples(demos)                       # the learner's layout: loss mask on the agent's tokens
+    samples = demo_samples(demos)                        # the learner's layout: loss mask on the agent's tokens
     for step in sft.steps:
         learner.sft_update(batch)                        # token-mean NLL over the loss mask, one optimizer step
         engine.sync_weights()

@@ -19,7 +19,8 @@ from turnrl.config.schema import Config, ConfigError
 RESUMABLE = ("train.steps", "train.max_minutes", "train.threads", "train.lr", "train.grad_clip",
              "train.micro_batch_tokens", "env.step_timeout_s", "eval.*", "log.*", "monitor.*",
              "serve.host", "serve.port", "serve.*_timeout_s", "serve.record_file", "scale.sync_timeout_s",
-             "scale.env_actors", "train.activation_checkpointing", "train.heap_mmap_threshold_kb")
+             "scale.env_actors", "train.activation_checkpointing", "train.heap_mmap_threshold_kb",
+             "train.group_by_prompt")
 #: Inside those sections, what names the run directory (the resumed run is the directory given).
 FIXED_ON_RESUME = ("log.run_dir", "log.name")
 

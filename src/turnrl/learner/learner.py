@@ -217,6 +217,7 @@ class LearnerParams:
     prompt_grad: bool = True  # False: the context before each micro-batch's kept span runs without autograd
     fused_value: bool = True  # a ``head`` critic's value loss reads the policy pass's hidden states (one pass, not two)
     heap_mmap_threshold_kb: int | str = 0  # train.heap_mmap_threshold_kb (heap_mmap_threshold_kb() resolves "auto")
+    group_by_prompt: bool = True  # micro-batches packed per prompt group (samples.prefix_groups)
 
     @classmethod
     def from_config(cls, cfg: Config) -> "LearnerParams":
@@ -229,7 +230,7 @@ class LearnerParams:
             kl_type=a.kl_type, kl_clamp=a.kl_clamp, loss_agg=a.loss_agg,
             norm_len=float(cfg.env.max_turns * cfg.rollout.max_new_tokens), vf_coef=a.vf_coef, demo_coef=a.demo_coef,
             is_correction=a.is_correction, is_level=a.is_level, is_cap=a.is_cap, prompt_grad=t.prompt_grad,
-            fused_value=a.fused_value, heap_mmap_threshold_kb=t.heap_mmap_threshold_kb,
+            fused_value=a.fused_value, heap_mmap_threshold_kb=t.heap_mmap_threshold_kb, group_by_prompt=t.group_by_prompt,
         )
 
 
@@ -371,7 +372,7 @@ class Learner:
         # Dr.GRPO's constant normaliser counts episodes, so per_step and full layouts give one loss (losses.aggregate)
         episodes = float(len({s.traj_index for s in samples}))
         loss_seqs = episodes if self.params.loss_agg == "seq-mean-token-sum-norm" else num_seqs
-        batches = micro_batches(samples, self.params.micro_batch_tokens)
+        batches = micro_batches(samples, self.params.micro_batch_tokens, self.params.group_by_prompt)
         fused = self._fused_value_targets(samples, value_batch)
         self.model.train()
         self._proximal = []
@@ -496,7 +497,7 @@ class Learner:
         the NLL."""
         num_tokens = float(sum(sum(s.loss_mask) for s in samples))
         total = 0.0
-        for mb in micro_batches(samples, self.params.micro_batch_tokens):
+        for mb in micro_batches(samples, self.params.micro_batch_tokens, self.params.group_by_prompt):
             batch = collate(mb, self.pad_id)
             with self._autocast():
                 logits = response_logits(self.model, batch, self.params.prompt_grad)
@@ -532,7 +533,7 @@ class Learner:
         out = [[0.0] * len(t.turns) for t in trajectories]
         samples = build_samples(trajectories, Advantages.zeros(trajectories))
         temperature = self.params.temperature
-        for mb in micro_batches(samples, self.params.micro_batch_tokens):
+        for mb in micro_batches(samples, self.params.micro_batch_tokens, self.params.group_by_prompt):
             batch = collate(mb, self.pad_id)
             with self._autocast():
                 ref_logits = self._reference_logits(batch)

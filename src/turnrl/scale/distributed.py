@@ -129,7 +129,7 @@ class DataParallelLearner(Learner):
                 dist.broadcast_object_list([list(samples)], src=0, group=self.groups.bounded)
         with self._bounded("broadcasting the weights to the learner ranks"):
             self._broadcast_weights()
-        count = len(micro_batches(samples, self.params.micro_batch_tokens))  # the split Learner.update makes
+        count = len(micro_batches(samples, self.params.micro_batch_tokens, self.params.group_by_prompt))  # the split Learner.update makes
         self._mine = range(self.rank * count // self.world, (self.rank + 1) * count // self.world)
         self._micro_batch, self._epoch = 0, 0
         return super().update(samples, value_batch, demos)

@@ -106,7 +106,7 @@ class ShardedLearner(DataParallelLearner):
             with self._bounded("sending the batch to the learner ranks"):
                 _signal(self.groups.commands, WORK)
                 dist.broadcast_object_list([list(samples)], src=0, group=self.groups.bounded)
-        self._count = len(micro_batches(samples, self.params.micro_batch_tokens))  # the split Learner.update makes
+        self._count = len(micro_batches(samples, self.params.micro_batch_tokens, self.params.group_by_prompt))  # the split Learner.update makes
         self._mine = range(self.rank * self._count // self.world, (self.rank + 1) * self._count // self.world)
         self._rounds = -(-self._count // self.world)  # passes every rank runs: its block's, padded to the largest
         self._micro_batch = self._passes = self._epoch = 0
