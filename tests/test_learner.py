@@ -146,6 +146,23 @@ def test_micro_batches_split_samples_by_prompt_where_it_saves_positions():
     assert prefix_groups(one_prompt, token_budget=30) == [one_prompt]
 
 
+def test_prefix_groups_split_again_inside_a_group():
+    """Role A plays two maps (a 30-token map description after its prompt), role B one prompt: three groups, each in
+    the samples' own order, and the layout runs less than half the positions of one group."""
+    g = torch.Generator().manual_seed(5)
+    rand = lambda n: torch.randint(5, 1000, (n,), generator=g).tolist()  # noqa: E731
+    role_a, role_b, maps = [1, 2] + rand(40), [1, 2] + rand(40), [rand(30), rand(30)]
+    samples = []
+    for i in range(18):
+        prompt = (role_b if i % 3 == 2 else role_a + maps[i % 3]) + rand(3)
+        samples.append(TrainSample(prompt + rand(2), [0] * len(prompt) + [1, 1], [0.0] * (len(prompt) + 2),
+                                   [0.0] * len(prompt) + [1.0, 1.0]))
+    for budget in (30, 2048):
+        groups = prefix_groups(samples, budget)
+        assert [[samples.index(s) for s in x] for x in groups] == [list(range(k, 18, 3)) for k in range(3)]
+        assert _positions(micro_batches(samples, budget)) < _positions(micro_batches(samples, budget, by_prompt=False)) / 2
+
+
 def test_grouping_by_prompt_leaves_the_gradient_unchanged(tiny_model):
     from tests.test_ddp import _assert_close, _stepped_grads
 
