@@ -223,6 +223,13 @@ def time_ratios(old: list[dict], new: list[dict]) -> tuple[float | None, float |
     return old_s, new_s, ratio, at_most
 
 
+def warm_step_ratio(old: list[dict], new: list[dict]) -> float | None:
+    """The new side's median warm step over today's, across the seeds: the per-step part of the time ratio. The rest
+    is how many steps each side needed, which, when the two compute the same gradient, only the seeds' luck moves."""
+    pairs = [n["warm_step_s"] / o["warm_step_s"] for o, n in zip(old, new) if o["warm_step_s"] and n["warm_step_s"]]
+    return statistics.median(pairs) if pairs else None
+
+
 def speed(args) -> int:
     """Today's recipe against ``--new`` on the same seeds, side by side; seconds to the bar for each (module doc)."""
     machine = facts()  # measured before the runs, on the machine as they find it
@@ -240,9 +247,11 @@ def speed(args) -> int:
             runs[side].append(done[f"speed_{side}_s{seed}"])
 
     old_s, new_s, ratio, at_most = time_ratios(runs["today"], runs["new"])
+    step_ratio = warm_step_ratio(runs["today"], runs["new"])
     fields = {"cpu": machine["cpu"], "peak_gflops_bf16": machine["peak_gflops_bf16"],
               "peak_gflops_fp32": machine["peak_gflops_fp32"], "bandwidth_gbs": machine["bandwidth_gbs"],
               "old_seconds_to_bar": old_s, "new_seconds_to_bar": new_s, "time_ratio": ratio, "time_ratio_at_most": at_most,
+              "warm_step_ratio": step_ratio,
               "first_step_over_warm": statistics.median(r["first_step_over_warm"] for r in runs["new"]),
               "first_step_per_token_over_warm": statistics.median(r["first_step_per_token_over_warm"] for r in runs["new"]),
               "peak_rss_gb": max(r["peak_rss_gb"] for r in runs["new"]),
@@ -264,7 +273,8 @@ def speed(args) -> int:
                          f"| {r['distinct_eval_tasks']} / {r['distinct_train_tasks']} ({r['held_out_keys_trained_on']}) "
                          f"| {fmt(r['first_step_s'], '{:.1f}')} | {fmt(r['warm_step_s'], '{:.1f}')} | {r['peak_rss_gb']:.2f} |")
     lines += ["", f"Median seconds to the bar: today {fmt(old_s)}, new {fmt(new_s)}; ratio new/today "
-                  f"**{fmt(ratio, '{:.2f}')}** (target <= 0.5)"
+                  f"**{fmt(ratio, '{:.2f}')}** (target <= 0.5); a warm step takes {fmt(step_ratio, '{:.2f}')}x today's "
+                  "(the rest of the ratio is the steps each side needed)"
                   + (f"; today's side did not reach the bar in the {min(r['seconds_run'] for r in runs['today']):.0f} s it ran, "
                      f"so the ratio is **at most {at_most:.2f}**" if at_most else "") + ". New side: first step / warm step "
                   f"{fields['first_step_over_warm']:.2f} ({fields['first_step_per_token_over_warm']:.2f} per token: "

@@ -74,7 +74,7 @@ def test_a_newly_registered_estimator_completes_without_a_new_script(monkeypatch
 
 
 def test_the_hidden_flag_prints_one_candidate_a_line(capsys):
-    assert main(["--complete", "2", "turnrl", "train", "train.gr"]) == 0
+    assert main(["--complete", "2", "turnrl", "train", "train.gra"]) == 0
     assert capsys.readouterr().out == "train.grad_clip=\n"
 
 

@@ -36,3 +36,10 @@ def test_a_side_that_never_reached_the_bar_bounds_the_ratio_and_is_not_guessed(b
     old_s, new_s, ratio, at_most = bench.time_ratios(never, reached)
     assert old_s is None and ratio is None and at_most == pytest.approx(700.0 / 900.0)
     assert bench.time_ratios(reached, never) == (700.0, None, None, None)  # the new side failed: nothing is bounded
+
+
+def test_the_warm_step_ratio_is_the_per_step_part_of_the_time_ratio(bench):
+    today = [{"warm_step_s": 100.0}, {"warm_step_s": 120.0}, {"warm_step_s": None}]
+    new = [{"warm_step_s": 50.0}, {"warm_step_s": 90.0}, {"warm_step_s": 40.0}]
+    assert bench.warm_step_ratio(today, new) == pytest.approx((0.5 + 0.75) / 2)  # per seed, then the median
+    assert bench.warm_step_ratio([{"warm_step_s": None}], [{"warm_step_s": 1.0}]) is None
