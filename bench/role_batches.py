@@ -18,13 +18,15 @@ split, so ``frozenlake-v0`` shows the unchanged case.
     python bench/role_batches.py [--envs frozenlake-hier-v0 relay-v0 frozenlake-v0] [--demos 16] [--updates 2]
                                  [--threads 2] [--no-write]
 
-Writes ``bench/results/role_batches.json`` (one record per env) and a RESULTS.md section.
+Writes ``bench/results/role_batches.json`` (one record per env, each with the command, date and commit that measured
+it; a run replaces the records of the envs it measured) and a RESULTS.md section.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import sys
 import time
@@ -36,7 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from machine import append_results, facts, write_result  # noqa: E402
+from machine import append_results, commit, facts, write_result  # noqa: E402
 
 ENV_OVERRIDES = {  # oracle shaping is single-agent only; the hierarchy's episodes need room for its subgoals
     "frozenlake-hier-v0": ["env.progress_reward=0", "env.max_turns=40"],
@@ -138,7 +140,11 @@ def main() -> int:
     print(text)
     if not args.no_write:
         append_results(text)
-        print(f"wrote {write_result('role_batches', {'records': records, 'demos': args.demos, 'updates': args.updates})}")
+        run = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(),
+               "demos": args.demos, "updates": args.updates, "threads": args.threads}
+        path = ROOT / "bench" / "results" / "role_batches.json"
+        kept = [r for r in (json.loads(path.read_text())["records"] if path.exists() else []) if r["env"] not in args.envs]
+        print(f"wrote {write_result('role_batches', {'records': kept + [{**r, **run} for r in records]})}")
     return 0
 
 
