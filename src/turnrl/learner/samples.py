@@ -71,10 +71,10 @@ def micro_batches(samples: Sequence[TrainSample], token_budget: int, by_prompt: 
     """Group samples of similar length so ``rows * (longest_row - shared_prefix) <= token_budget``.
 
     The prompt prefix a micro-batch's samples share is computed once (see :func:`collate`), so only the rest of
-    each row counts against the budget. Samples are first split by prompt (:func:`prefix_groups`: the roles of a
-    multi-agent or hierarchical env, say, each with its own system prompt), so a micro-batch never mixes prompts
-    that share less than its own do (``by_prompt=False``, ``train.group_by_prompt=false``: one group). A batch always
-    holds at least one row.
+    each row counts against the budget. Samples are first split by prompt where that runs fewer positions
+    (:func:`prefix_groups`: the roles of a multi-agent or hierarchical env, each with its own system prompt, or the
+    samples of one map), and each group is packed on its own (``by_prompt=False``, ``train.group_by_prompt=false``:
+    one group). A batch always holds at least one row.
     """
     groups = prefix_groups(samples, token_budget) if by_prompt else [list(samples)]
     return [mb for group in groups for mb in _packed(group, token_budget)]
@@ -94,9 +94,9 @@ def prefix_groups(samples: Sequence[TrainSample], token_budget: int) -> list[lis
     each part then shares more. The cut is kept when the parts, each packed by :func:`micro_batches`' rule, cost
     less than the group would: the positions they run (:func:`layout_positions`: each micro-batch's prefix once
     plus its padded rows) and :data:`MICRO_BATCH_COST` per micro-batch, so prompts that part only to save a few
-    padding positions are not scattered over many small micro-batches. Parts are cut again by the same rule. The
-    default recipe's batches (one system prompt and few-shot exchanges, then the observation) stay one group. The
-    gradient does not depend on the grouping (the learner's normalisers are over the whole update).
+    padding positions are not scattered over many small micro-batches. Parts are cut again by the same rule. (The
+    default recipe's step-0 batch splits by map observation: 10 groups, 12,546 -> 6,944 positions.) The gradient
+    does not depend on the grouping (the learner's normalisers are over the whole update).
     """
     if len(samples) < 2:
         return [list(samples)]
