@@ -12,8 +12,9 @@ through the run's chat template and context strategy), with advantages +1 / -1 o
 gradient is not zero. Both layouts update the same model at ``lr=0`` (every update sees the same weights), one after
 the other, ``--updates`` times each after a first, untimed update each; the table gives micro-batches, positions
 run (prefix once plus the padded rows), the median seconds per update, and the two layouts' gradients' relative
-difference (the same gradient up to floating-point order). A single-prompt batch (the default recipe's) is never
-split, so ``frozenlake-v0`` shows the unchanged case.
+difference (the same gradient up to floating-point order). The layouts are the learner's own switch,
+``train.group_by_prompt`` (``LearnerParams.group_by_prompt``). frozenlake-v0's oracle batch (one system prompt,
+distinct observations) stays one group, so it shows the unchanged case.
 
     python bench/role_batches.py [--envs frozenlake-hier-v0 relay-v0 frozenlake-v0] [--demos 16] [--updates 2]
                                  [--threads 2] [--no-write]
@@ -31,7 +32,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -57,23 +57,11 @@ def signed_samples(c, demos: int) -> list:
             for s in samples]
 
 
-def one_group(samples, token_budget):
-    """The packing before prompt groups: every sample in one group."""
-    return [list(samples)]
-
-
-def positions(batches) -> int:
-    """Positions the learner runs: each micro-batch's shared prefix once plus its padded rows."""
-    from turnrl.learner.samples import collate
-
-    return sum(len(b.prefix) + b.ids.numel() for b in (collate(mb, 0) for mb in batches))
-
-
 def measure_env(env_id: str, args) -> dict:
     from turnrl.build import build
     from turnrl.config import load_config
     from turnrl.learner import Learner, LearnerParams
-    from turnrl.learner import samples as samples_module
+    from turnrl.learner.samples import layout_positions, micro_batches
 
     cfg = load_config(None, [f"env.id={env_id}", f"train.threads={args.threads}", *ENV_OVERRIDES[env_id]])
     c = build(cfg)
@@ -83,25 +71,25 @@ def measure_env(env_id: str, args) -> dict:
     grads: dict[str, list[torch.Tensor]] = {}
     learner.optimizer.register_step_pre_hook(
         lambda *_: grads.__setitem__("last", [p.grad.detach().clone() for p in learner.model.parameters() if p.grad is not None]))
-    layouts = {"one_group": mock.patch.object(samples_module, "prefix_groups", one_group),
-               "by_prompt": mock.patch.object(samples_module, "prefix_groups", samples_module.prefix_groups)}
+    layouts = {"one_group": dataclasses.replace(params, group_by_prompt=False),  # the packing before prompt groups
+               "by_prompt": dataclasses.replace(params, group_by_prompt=True)}
     out: dict = {"env": env_id, "samples": len(samples), "micro_batch_tokens": params.micro_batch_tokens,
                  "trajectories": len({s.traj_index for s in samples})}
     seconds: dict[str, list[float]] = {name: [] for name in layouts}
     gradient: dict[str, list[torch.Tensor]] = {}
-    for name, patch in layouts.items():
-        with patch:
-            batches = samples_module.micro_batches(samples, params.micro_batch_tokens)
-            out[f"micro_batches_{name}"] = len(batches)
-            out[f"positions_{name}"] = positions(batches)
-            learner.update(samples)  # untimed: kernels for this layout's shapes
-            gradient[name] = grads["last"]
+    for name, layout in layouts.items():
+        batches = micro_batches(samples, layout.micro_batch_tokens, layout.group_by_prompt)
+        out[f"micro_batches_{name}"] = len(batches)
+        out[f"positions_{name}"] = sum(map(layout_positions, batches))
+        learner.params = layout
+        learner.update(samples)  # untimed: kernels for this layout's shapes
+        gradient[name] = grads["last"]
     for _ in range(args.updates):  # alternating, so machine noise hits both layouts alike
-        for name, patch in layouts.items():
-            with patch:
-                t = time.perf_counter()
-                learner.update(samples)
-                seconds[name].append(time.perf_counter() - t)
+        for name, layout in layouts.items():
+            learner.params = layout
+            t = time.perf_counter()
+            learner.update(samples)
+            seconds[name].append(time.perf_counter() - t)
     for name in layouts:
         out[f"seconds_{name}"] = statistics.median(seconds[name])
     out["positions_ratio"] = out["positions_by_prompt"] / out["positions_one_group"]

@@ -10,7 +10,8 @@ import torch
 
 from turnrl.config import load_config
 from turnrl.learner import Learner, LearnerParams
-from turnrl.learner.samples import build_samples, collate, micro_batches, pack_by_length, prefix_groups, shared_prefix_len
+from turnrl.learner.samples import (build_samples, collate, layout_positions, micro_batches, pack_by_length, prefix_groups,
+                                    shared_prefix_len)
 from turnrl.types import Advantages, Termination, TrainSample, Trajectory, Turn
 
 
@@ -138,6 +139,8 @@ def test_micro_batches_split_samples_by_prompt_where_it_saves_positions():
     assert all({samples.index(s) % 2 for s in b} in ({0}, {1}) for b in batches)  # a micro-batch holds one role
     mixed = pack_by_length(samples, lambda s: len(s) - 2, 30)  # one group: the prefix all twelve share
     assert _positions(batches) < 0.6 * _positions(mixed)
+    for layout in (batches, mixed):  # the split rule prices a layout as collate lays it out
+        assert sum(map(layout_positions, layout)) == _positions(layout)
     assert micro_batches(samples, token_budget=30, by_prompt=False) == mixed  # train.group_by_prompt=false
     # prompts that part only for a few tokens stay together: more micro-batches would cost more than they save
     barely = _role_samples(prompt_len=2)
