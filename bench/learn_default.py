@@ -18,6 +18,7 @@ default) keeps the numbers.
     python bench/learn_default.py [-c configs/frozenlake_raw.yaml] [--minutes 20] [key=value overrides...]
     python bench/learn_default.py --from-run RUN_DIR      # report a finished run (no training)
     python bench/learn_default.py --speed [--new "train.freeze_layers=15 train.prompt_grad=false"] [--seeds 0 1]
+    python bench/learn_default.py --speed --seeds 2 --keep-previous   # add a seed to perf.json's last --speed run
     python bench/learn_default.py --speed --old model.autocast_bf16=true --new model.autocast_bf16=auto  # precision
 
 ``--speed`` (issue 22) trains today's recipe and the recipe with ``--new``'s overrides on the same seeds, each run
@@ -27,7 +28,8 @@ no time to it; when that is today's side, the time it ran bounds the ratio from 
 The two sides of a seed run side by side, one thread each, so whatever else loads the machine loads both; a side
 that finishes first leaves its core idle rather than lending it (one thread cannot use two). The result goes into
 ``bench/results/perf.json`` (old/new seconds to the bar, their ratio, the new side's first step over a warm one and
-its peak RSS, the machine facts) and RESULTS.md.
+its peak RSS, the machine facts) and RESULTS.md. ``warm_step_ratio`` beside it is the per-step part of the ratio
+(time per token on the steps both sides ran, :func:`warm_step_ratio`); the rest is how many steps each side needed.
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ def speed_fields(rows: list[dict], evals: list[dict], setup_s: float) -> dict:
     return {"seconds_to_bar": to_bar, "seconds_run": ran, "first_step_s": step_s[0] if step_s else None, "warm_step_s": warm,
             "first_step_over_warm": step_s[0] / warm if warm else None,
             "first_step_per_token_over_warm": per_token[0] / warm_per_token if warm_per_token else None,
-            "peak_rss_gb": max((r.get("perf/max_rss_gb", 0.0) for r in rows), default=0.0)}
+            "peak_rss_gb": max((r.get("perf/max_rss_gb", 0.0) for r in rows), default=0.0),
+            "step_seconds_per_token": {str(r["step"]): s for r, s in zip(train_rows, per_token)}}
 
 
 def report(args, run_dir: Path, setup_s: float, total_s: float | None) -> dict:
@@ -224,10 +227,39 @@ def time_ratios(old: list[dict], new: list[dict]) -> tuple[float | None, float |
 
 
 def warm_step_ratio(old: list[dict], new: list[dict]) -> float | None:
-    """The new side's median warm step over today's, across the seeds: the per-step part of the time ratio. The rest
-    is how many steps each side needed, which, when the two compute the same gradient, only the seeds' luck moves."""
-    pairs = [n["warm_step_s"] / o["warm_step_s"] for o, n in zip(old, new) if o["warm_step_s"] and n["warm_step_s"]]
+    """The per-step part of the time ratio: the new side's time per token over today's, step by step over the warm
+    steps both sides of a seed ran (step 1 up to the shorter run's last), the median over those steps and then over
+    the seeds. The rest of the time ratio is how many steps each side needed, which, when the two compute the same
+    gradient, only the seeds' luck moves.
+
+    Matched steps, per token: a side that stops at the bar early has run only the untrained policy's long episodes,
+    and the other side's later steps are cheaper because its policy walks fewer turns, so medians of raw step times
+    over each side's own steps compare different batches (seed 0 of the 13:19 run in RESULTS.md: 0.98x from them,
+    where one batch's update runs 1.72x faster). Records without per-step times fall back to the two medians."""
+    pairs = []
+    for o, n in zip(old, new):
+        a, b = o.get("step_seconds_per_token"), n.get("step_seconds_per_token")
+        steps = sorted(set(a) & set(b) - {"0"}, key=int) if a and b else []
+        if steps:
+            pairs.append(statistics.median(b[k] / a[k] for k in steps))
+        elif o["warm_step_s"] and n["warm_step_s"]:
+            pairs.append(n["warm_step_s"] / o["warm_step_s"])
     return statistics.median(pairs) if pairs else None
+
+
+def earlier_runs(path: Path, args) -> dict[str, list[dict]]:
+    """The runs of ``path``'s ``learn_speed`` (a perf.json) made with the same sides, bar and threads as ``args`` on
+    seeds this invocation does not run, by side, for ``--keep-previous``; empty when they differ in any of these."""
+    if not path.exists():
+        return {"today": [], "new": [], "seeds": []}
+    prev = json.loads(path.read_text()).get("learn_speed") or {}
+    same = (prev.get("old_overrides"), prev.get("new_overrides"), prev.get("bar_stop_at_success"), prev.get("threads_per_side"))
+    if same != (args.old, args.new, args.bar, args.threads):
+        raise SystemExit(f"--keep-previous: {path}'s runs were made with old={same[0]!r} new={same[1]!r} bar={same[2]} "
+                         f"threads={same[3]}, not this invocation's: run without --keep-previous, or with its settings")
+    keep = [i for i, seed in enumerate(prev["seeds"]) if seed not in args.seeds]
+    return {"today": [prev["runs"]["today"][i] for i in keep], "new": [prev["runs"]["new"][i] for i in keep],
+            "seeds": [prev["seeds"][i] for i in keep]}
 
 
 def speed(args) -> int:
@@ -237,6 +269,10 @@ def speed(args) -> int:
     extra = {"today": shlex.split(args.old), "new": shlex.split(args.new)}
     out_dir = Path(args.run_root)
     out_dir.mkdir(parents=True, exist_ok=True)
+    seeds = []
+    if args.keep_previous:  # seeds run by an earlier invocation with the same sides count in the medians
+        prev = earlier_runs(ROOT / "bench" / "results" / "perf.json", args)
+        runs, seeds = {"today": prev["today"], "new": prev["new"]}, prev["seeds"]
     for seed in args.seeds:
         procs = {f"speed_{side}_s{seed}": launch(args.config, args.minutes, out_dir, f"speed_{side}_s{seed}", [
             f"train.seed={seed}", f"train.threads={args.threads}", f"eval.stop_at_success={args.bar}",
@@ -245,6 +281,7 @@ def speed(args) -> int:
         done = finished(procs, out_dir)
         for side in runs:
             runs[side].append(done[f"speed_{side}_s{seed}"])
+        seeds.append(seed)
 
     old_s, new_s, ratio, at_most = time_ratios(runs["today"], runs["new"])
     step_ratio = warm_step_ratio(runs["today"], runs["new"])
@@ -255,7 +292,7 @@ def speed(args) -> int:
               "first_step_over_warm": statistics.median(r["first_step_over_warm"] for r in runs["new"]),
               "first_step_per_token_over_warm": statistics.median(r["first_step_per_token_over_warm"] for r in runs["new"]),
               "peak_rss_gb": max(r["peak_rss_gb"] for r in runs["new"]),
-              "learn_speed": {"old_overrides": args.old, "new_overrides": args.new, "seeds": args.seeds, "threads_per_side": args.threads,
+              "learn_speed": {"old_overrides": args.old, "new_overrides": args.new, "seeds": seeds, "threads_per_side": args.threads,
                               "bar_stop_at_success": args.bar, "runs": runs}}
     fmt = lambda v, f="{:.0f}": "never" if v is None else f.format(v)  # noqa: E731
     today = f"today's default with `{args.old}`" if args.old else "today's default"
@@ -266,7 +303,7 @@ def speed(args) -> int:
              f"with held-out success >= {args.bar:g} (the bar also needs +30 pp over step 0 and >= 95% sampled valid actions).", "",
              "| seed | side | seconds to bar | step | final eval success | base | distinct held-out / trained tasks (overlap) "
              "| first step s | warm step s | peak RSS GB |", "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|"]
-    for i, seed in enumerate(args.seeds):
+    for i, seed in enumerate(seeds):
         for side in runs:
             r = runs[side][i]
             lines.append(f"| {seed} | {side} | {fmt(r['seconds_to_bar'])} | {r['steps']} | {r['trained']:.3f} | {r['base']:.3f} "
@@ -303,6 +340,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="--speed: torch threads per side")
     ap.add_argument("--bar", type=float, default=0.30, help="--speed: eval.stop_at_success of every run")
     ap.add_argument("--max-steps", type=int, default=500, help="--speed: train.steps of every run (--minutes ends it first)")
+    ap.add_argument("--keep-previous", action="store_true",
+                    help="--speed: count the seeds of bench/results/perf.json's last --speed run (same sides, bar, threads) too")
     ap.add_argument("--run-root", default="/tmp/bench_runs/speed", help="--speed: parent of the runs and their logs")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()

@@ -43,3 +43,28 @@ def test_the_warm_step_ratio_is_the_per_step_part_of_the_time_ratio(bench):
     new = [{"warm_step_s": 50.0}, {"warm_step_s": 90.0}, {"warm_step_s": 40.0}]
     assert bench.warm_step_ratio(today, new) == pytest.approx((0.5 + 0.75) / 2)  # per seed, then the median
     assert bench.warm_step_ratio([{"warm_step_s": None}], [{"warm_step_s": 1.0}]) is None
+
+
+def test_the_warm_step_ratio_compares_the_steps_both_sides_ran_per_token(bench):
+    # today ran 4 steps and its later ones got cheap (a trained policy walks fewer turns); new stopped at step 2
+    today = [{"warm_step_s": 60.0, "step_seconds_per_token": {"0": 9.0, "1": 4.0, "2": 4.0, "3": 1.0, "4": 1.0}}]
+    new = [{"warm_step_s": 60.0, "step_seconds_per_token": {"0": 9.0, "1": 2.0, "2": 3.0}}]
+    assert bench.warm_step_ratio(today, new) == pytest.approx((0.5 + 0.75) / 2)  # steps 1 and 2; not 1.0
+    rows, evals = _rows([0.0, 0.5])
+    per_token = bench.speed_fields(rows, evals, setup_s=0.0)["step_seconds_per_token"]
+    assert sorted(per_token, key=int) == [str(s) for s in range(1, 6)] and per_token["1"] == pytest.approx(100.0)
+
+
+def test_keep_previous_takes_the_other_seeds_of_a_run_with_the_same_sides(bench, tmp_path):
+    import argparse
+    import json
+
+    runs = {"today": [{"seconds_to_bar": 1.0}, {"seconds_to_bar": 2.0}], "new": [{"seconds_to_bar": 3.0}, {"seconds_to_bar": 4.0}]}
+    perf = tmp_path / "perf.json"
+    perf.write_text(json.dumps({"learn_speed": {"old_overrides": "a=1", "new_overrides": "", "bar_stop_at_success": 0.3,
+                                                "threads_per_side": 1, "seeds": [0, 1], "runs": runs}}))
+    args = argparse.Namespace(old="a=1", new="", bar=0.3, threads=1, seeds=[1, 2])
+    prev = bench.earlier_runs(perf, args)
+    assert prev == {"today": [{"seconds_to_bar": 1.0}], "new": [{"seconds_to_bar": 3.0}], "seeds": [0]}  # seed 1 reruns
+    with pytest.raises(SystemExit, match="not this invocation's"):
+        bench.earlier_runs(perf, argparse.Namespace(old="", new="", bar=0.3, threads=1, seeds=[1]))
