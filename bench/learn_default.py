@@ -19,6 +19,7 @@ default) keeps the numbers.
     python bench/learn_default.py --from-run RUN_DIR      # report a finished run (no training)
     python bench/learn_default.py --speed [--new "train.freeze_layers=15 train.prompt_grad=false"] [--seeds 0 1]
     python bench/learn_default.py --speed --seeds 2 --keep-previous   # add a seed to perf.json's last --speed run
+    python bench/learn_default.py --speed --seeds 1 2 --reuse         # seeds whose pair finished: read, not rerun
     python bench/learn_default.py --speed --old model.autocast_bf16=true --new model.autocast_bf16=auto  # precision
 
 ``--speed`` (issue 22) trains today's recipe and the recipe with ``--new``'s overrides on the same seeds, each run
@@ -274,11 +275,16 @@ def speed(args) -> int:
         prev = earlier_runs(ROOT / "bench" / "results" / "perf.json", args)
         runs, seeds = {"today": prev["today"], "new": prev["new"]}, prev["seeds"]
     for seed in args.seeds:
-        procs = {f"speed_{side}_s{seed}": launch(args.config, args.minutes, out_dir, f"speed_{side}_s{seed}", [
-            f"train.seed={seed}", f"train.threads={args.threads}", f"eval.stop_at_success={args.bar}",
-            f"train.steps={args.max_steps}",  # the wall budget binds, not the step count (the lr is constant)
-            *args.overrides, *extra[side]]) for side in runs}
-        done = finished(procs, out_dir)
+        names = [f"speed_{side}_s{seed}" for side in runs]
+        if args.reuse and all((out_dir / f"{name}.json").exists() for name in names):  # a pair that already finished
+            print(f"seed {seed}: reusing {', '.join(str(out_dir / f'{name}.json') for name in names)}", flush=True)
+            done = {name: json.loads((out_dir / f"{name}.json").read_text()) for name in names}
+        else:
+            procs = {f"speed_{side}_s{seed}": launch(args.config, args.minutes, out_dir, f"speed_{side}_s{seed}", [
+                f"train.seed={seed}", f"train.threads={args.threads}", f"eval.stop_at_success={args.bar}",
+                f"train.steps={args.max_steps}",  # the wall budget binds, not the step count (the lr is constant)
+                *args.overrides, *extra[side]]) for side in runs}
+            done = finished(procs, out_dir)
         for side in runs:
             runs[side].append(done[f"speed_{side}_s{seed}"])
         seeds.append(seed)
@@ -342,6 +348,8 @@ def main() -> int:
     ap.add_argument("--max-steps", type=int, default=500, help="--speed: train.steps of every run (--minutes ends it first)")
     ap.add_argument("--keep-previous", action="store_true",
                     help="--speed: count the seeds of bench/results/perf.json's last --speed run (same sides, bar, threads) too")
+    ap.add_argument("--reuse", action="store_true",
+                    help="--speed: take a seed's pair from the run root's result files when both exist instead of running it")
     ap.add_argument("--run-root", default="/tmp/bench_runs/speed", help="--speed: parent of the runs and their logs")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
