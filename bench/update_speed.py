@@ -21,7 +21,9 @@ state is created then), then ``--updates`` timed ones on the same batch. Arms:
 - ``recompute_glibc_heap``: the same with glibc's own heap threshold (``train.heap_mmap_threshold_kb=0``): the
   threshold's cost in time and its saving in memory;
 - ``one_group``: ``train.group_by_prompt=false``, the packing before prompt groups (every micro-batch sharing only
-  the prefix the whole batch shares): what grouping by prompt saves (the same gradient, up to floating-point order).
+  the prefix the whole batch shares): what grouping by prompt saves (the same gradient, up to floating-point order);
+- ``prefix_each``: ``train.prefix_once=false``, the prompt prefix the whole batch shares run again in every micro-batch
+  instead of once per update: what running it once saves (the same gradient).
 
 Gradient direction: the first update's gradient (taken before its optimizer step, so at the same weights in every
 arm; after clipping, which only scales it) is compared with the ``full`` arm's by cosine, over all parameters (the
@@ -70,6 +72,7 @@ ARMS = {
     "recompute": ["train.activation_checkpointing=true"],
     "recompute_glibc_heap": ["train.activation_checkpointing=true", "train.heap_mmap_threshold_kb=0"],
     "one_group": ["train.group_by_prompt=false"],
+    "prefix_each": ["train.prefix_once=false"],
 }
 
 

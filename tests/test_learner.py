@@ -12,6 +12,7 @@ from turnrl.config import load_config
 from turnrl.learner import Learner, LearnerParams
 from turnrl.learner.samples import (build_samples, collate, layout_positions, micro_batches, pack_by_length, prefix_groups,
                                     shared_prefix_len)
+from turnrl.models.prefix import prefix_cache
 from turnrl.types import Advantages, Termination, TrainSample, Trajectory, Turn
 
 
@@ -179,6 +180,51 @@ def test_grouping_by_prompt_leaves_the_gradient_unchanged(tiny_model):
         learner.update(samples)
         grads.append(seen[-1])
     _assert_close(grads[0], grads[1], 1e-5)
+
+
+def _shared_prefix_samples(seed=7):
+    """Two roles' samples whose prompts share a 20-token start, then part: each role's own 40 tokens after it."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda n: torch.randint(5, 1000, (n,), generator=g).tolist()  # noqa: E731
+    start = rand(20)
+    roles, out = [start + rand(40), start + rand(40)], []
+    for i in range(12):
+        prompt, resp = roles[i % 2] + rand(3 + i % 3), rand(2 + i % 4)
+        out.append(TrainSample(prompt + resp, [0] * len(prompt) + [1] * len(resp), [0.0] * (len(prompt) + len(resp)),
+                               [0.0] * len(prompt) + [1.0 - i / 6] * len(resp)))
+    return out
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+@pytest.mark.parametrize("prompt_grad", [True, False])
+def test_the_prefix_the_batch_shares_runs_once_and_the_gradient_is_unchanged(tiny_model, monkeypatch, checkpointed,
+                                                                             prompt_grad):
+    import turnrl.learner.learner as learner_module
+    from tests.test_ddp import _assert_close, _stepped_grads
+    from turnrl.models.recompute import checkpoint_layers
+
+    samples = _shared_prefix_samples()
+    assert shared_prefix_len(samples) == 20 and len(micro_batches(samples, 30)) > 2
+    runs = []  # prefixes the learner ran itself, one per micro-batch without train.prefix_once
+    monkeypatch.setattr(learner_module, "prefix_cache", lambda m, ids: runs.append(len(ids)) or prefix_cache(m, ids))
+    grads = []
+    for once in (True, False):
+        model = copy.deepcopy(tiny_model)
+        if checkpointed:
+            checkpoint_layers(model)
+        learner = Learner(model, _params(lr=1e-3, micro_batch_tokens=30, prefix_once=once, prompt_grad=prompt_grad), pad_id=0)
+        seen = _stepped_grads(learner)
+        runs.clear()
+        learner.update(samples)
+        assert (runs == []) == once and learner._shared is None  # every micro-batch served; dropped after the update
+        grads.append(seen[-1])
+    _assert_close(grads[0], grads[1], 1e-5)
+
+
+def test_a_data_parallel_learner_runs_the_prefix_per_micro_batch():
+    from turnrl.scale.distributed import DataParallelLearner
+
+    assert Learner.shares_batch_prefix and not DataParallelLearner.shares_batch_prefix  # it syncs in the last backward
 
 
 def _turn(prompt, resp):
