@@ -21,7 +21,9 @@ state is created then), then ``--updates`` timed ones on the same batch. Arms:
 - ``recompute_glibc_heap``: the same with glibc's own heap threshold (``train.heap_mmap_threshold_kb=0``): the
   threshold's cost in time and its saving in memory;
 - ``one_group``: ``train.group_by_prompt=false``, the packing before prompt groups (every micro-batch sharing only
-  the prefix the whole batch shares): what grouping by prompt saves (the same gradient, up to floating-point order).
+  the prefix the whole batch shares): what grouping by prompt saves (the same gradient, up to floating-point order);
+- ``prefix_each``: ``train.prefix_once=false``, the prompt prefix the whole batch shares run again in every micro-batch
+  instead of once per update: what running it once saves (the same gradient).
 
 Gradient direction: the first update's gradient (taken before its optimizer step, so at the same weights in every
 arm; after clipping, which only scales it) is compared with the ``full`` arm's by cosine, over all parameters (the
@@ -34,6 +36,8 @@ arms.
 
     python bench/update_speed.py                 # every arm, 2 timed updates each; writes results/update_speed.json
     python bench/update_speed.py --smoke         # 1 task x 4 episodes, 1 timed update; results/update_speed_smoke.json
+    python bench/update_speed.py --from-runs RUN_DIR [RUN_DIR ...] [--from-step 3]
+                                                 # the batch: turns the runs logged (trajectories.jsonl), not step 0's
     python bench/update_speed.py --arms full lora [--updates N] [--threads T] [--no-write] [key=value overrides ...]
                                                  # a subset of arms writes results/update_speed_<arms>.json
 
@@ -70,11 +74,36 @@ ARMS = {
     "recompute": ["train.activation_checkpointing=true"],
     "recompute_glibc_heap": ["train.activation_checkpointing=true", "train.heap_mmap_threshold_kb=0"],
     "one_group": ["train.group_by_prompt=false"],
+    "prefix_each": ["train.prefix_once=false"],
 }
 
 
 def _rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def logged_batch(runs: list[Path], from_step: int, path: Path) -> dict:
+    """The samples of the trajectories the runs logged (each run directory's ``trajectories.jsonl``: the turns with
+    their exact ids, behaviour logprobs and per-token advantages) from step ``from_step`` on, laid out per step as
+    ``build_samples`` does; written to ``path`` as JSON. A batch of a policy that has started to move, which step 0's
+    untrained one has not."""
+    from turnrl.monitor.files import read_jsonl
+
+    samples = []
+    for run in runs:
+        for traj in read_jsonl(run / "trajectories.jsonl"):
+            for turn in traj["turns"] if traj["step"] >= from_step else []:
+                p, n = len(turn["prompt_ids"]), len(turn["response_ids"])
+                if n and any(turn["token_advantages"]):
+                    samples.append({"input_ids": turn["prompt_ids"] + turn["response_ids"], "loss_mask": [0] * p + [1] * n,
+                                    "behaviour_logprobs": [0.0] * p + turn["logprobs"],
+                                    "advantages": [0.0] * p + turn["token_advantages"]})
+    if not samples:
+        raise SystemExit(f"no trained turns at step >= {from_step} in {', '.join(map(str, runs))}' trajectories.jsonl")
+    path.write_text(json.dumps(samples))
+    return {"samples": len(samples), "tokens": sum(len(s["input_ids"]) for s in samples),
+            "trained_tokens": sum(sum(s["loss_mask"]) for s in samples), "from_runs": [str(r) for r in runs],
+            "from_step": from_step}
 
 
 def default_batch(overrides: list[str], path: Path) -> dict:
@@ -172,6 +201,9 @@ def main() -> int:
                     help="skip the full arm (no cosine, no ratios): on a machine without memory for its ~8 GB peak")
     ap.add_argument("--keep-batch", metavar="PATH",
                     help="reuse the samples saved at PATH (collect and save them there when it does not exist)")
+    ap.add_argument("--from-runs", type=Path, nargs="+", metavar="RUN_DIR",
+                    help="the batch: these runs' logged trajectories from --from-step on, instead of step 0's collection")
+    ap.add_argument("--from-step", type=int, default=3, help="with --from-runs: the first step taken (default 3)")
     ap.add_argument("--arm", choices=list(ARMS), help=argparse.SUPPRESS)  # internal: run one arm
     ap.add_argument("--batch", help=argparse.SUPPRESS)  # internal: the samples file
     ap.add_argument("--grad-file", help=argparse.SUPPRESS)  # internal: where the arm saves its first gradient
@@ -189,6 +221,8 @@ def main() -> int:
             saved = json.loads(batch_file.read_text())
             batch = {"samples": len(saved), "tokens": sum(len(s["input_ids"]) for s in saved),
                      "trained_tokens": sum(sum(s["loss_mask"]) for s in saved)}
+        elif args.from_runs:
+            batch = logged_batch(args.from_runs, args.from_step, batch_file)
         else:
             batch = default_batch(args.overrides, batch_file)
         print(f"batch: {batch}", flush=True)

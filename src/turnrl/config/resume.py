@@ -20,7 +20,7 @@ RESUMABLE = ("train.steps", "train.max_minutes", "train.threads", "train.lr", "t
              "train.micro_batch_tokens", "env.step_timeout_s", "eval.*", "log.*", "monitor.*",
              "serve.host", "serve.port", "serve.*_timeout_s", "serve.record_file", "scale.sync_timeout_s",
              "scale.env_actors", "train.activation_checkpointing", "train.heap_mmap_threshold_kb",
-             "train.group_by_prompt")
+             "train.group_by_prompt", "train.prefix_once")
 #: Inside those sections, what names the run directory (the resumed run is the directory given).
 FIXED_ON_RESUME = ("log.run_dir", "log.name")
 

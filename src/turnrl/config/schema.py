@@ -180,6 +180,9 @@ class TrainConfig(Section):
     group_by_prompt: bool = Field(True, description="split the batch by prompt before packing micro-batches, where that "
                                   "runs fewer positions (each group's shared prefix computed once; the same gradient; "
                                   "docs/speed.md); false: one group, every micro-batch sharing only the batch's prefix")
+    prefix_once: bool = Field(True, description="run the prompt prefix the whole batch shares once per update, its "
+                              "gradient summed over the micro-batches (the same gradient; one process only, "
+                              "docs/speed.md); false: once per micro-batch")
     seed: int = Field(0, ge=0, lt=2**32, description="seed of every RNG (sampling, task order, init)")
     seed_start: int = Field(0, ge=0, description="first training task seed; tasks are seed_start, seed_start+1, ...")
     max_minutes: float = Field(0.0, ge=0.0, description="stop (and evaluate) after this wall time; 0 = no limit")

@@ -20,15 +20,15 @@ import torch
 
 from turnrl.config import Config
 from turnrl.learner import losses
-from turnrl.learner.samples import Batch, build_samples, collate, micro_batches
+from turnrl.learner.samples import Batch, build_samples, collate, micro_batches, shared_prefix_len
 from turnrl.models.lora import adapter_disabled
-from turnrl.models.prefix import PrefixCache, additive_mask, deferred, forward, prefix_cache
+from turnrl.models.prefix import BatchPrefix, PrefixCache, additive_mask, deferred, forward, prefix_cache
 from turnrl.models.precision import use_bf16
 from turnrl.models.recompute import is_checkpointed
 from turnrl.types import Advantages, Termination, TrainSample, Trajectory
 
 
-def response_logits(model, batch: Batch, prompt_grad: bool = True) -> torch.Tensor:
+def response_logits(model, batch: Batch, prompt_grad: bool = True, shared: BatchPrefix | None = None) -> torch.Tensor:
     """Logits at the positions that predict a loss-masked target, packed in row-major order.
 
     Shape: (N, vocab), N = ``int(batch.mask.sum())``; :func:`unpack` puts per-token values back in
@@ -39,16 +39,17 @@ def response_logits(model, batch: Batch, prompt_grad: bool = True) -> torch.Tens
     faster update, 2% less peak memory; activations, not logits, set the memory.
 
     ``prompt_grad=False`` (``train.prompt_grad``) runs every position before the kept span without autograd
-    (:func:`_context_cache`): the logits are the same, the gradient is an approximation.
+    (:func:`_context_cache`): the logits are the same, the gradient is an approximation. ``shared`` serves the part
+    of the prefix the whole update shares (:class:`turnrl.models.prefix.BatchPrefix`).
     """
     parts = _decoder_and_head(model)
     if parts is None:  # a head that is more than a linear layer: take the model's own logits, then select
-        out = _kept_forward(model, model, batch, prompt_grad, logits_to_keep=batch.keep)
+        out = _kept_forward(model, model, batch, prompt_grad, shared, logits_to_keep=batch.keep)
         return out.logits[:, :-1][batch.mask > 0]
-    return parts[1](response_hidden(model, batch, prompt_grad))
+    return parts[1](response_hidden(model, batch, prompt_grad, shared))
 
 
-def response_hidden(model, batch: Batch, prompt_grad: bool = True) -> torch.Tensor:
+def response_hidden(model, batch: Batch, prompt_grad: bool = True, shared: BatchPrefix | None = None) -> torch.Tensor:
     """The decoder's last hidden state at :func:`response_logits`' positions, packed the same way. Shape: (N, hidden).
 
     The policy's linear LM head maps them to the logits; a value head reads them in the fused critic (``head`` mode).
@@ -57,11 +58,11 @@ def response_hidden(model, batch: Batch, prompt_grad: bool = True) -> torch.Tens
     if parts is None:
         raise ValueError(f"{type(model).__name__}'s logits are not a linear head on the decoder's hidden states: "
                          "set algo.fused_value=false")
-    out = _kept_forward(model, parts[0], batch, prompt_grad)
+    out = _kept_forward(model, parts[0], batch, prompt_grad, shared)
     return out.last_hidden_state[:, -batch.keep : -1][batch.mask > 0]  # position t predicts token t+1
 
 
-def _kept_forward(model, module, batch: Batch, prompt_grad: bool, **kwargs):
+def _kept_forward(model, module, batch: Batch, prompt_grad: bool, shared: BatchPrefix | None = None, **kwargs):
     """``module``'s forward over ``batch`` (the shared prefix from ``model``'s cache), with autograd on the kept span.
 
     With ``prompt_grad`` the whole batch runs with autograd (the exact gradient). Without it, the prefix and every
@@ -72,7 +73,9 @@ def _kept_forward(model, module, batch: Batch, prompt_grad: bool, **kwargs):
     ids, positions, attention = batch.ids, batch.positions, batch.attention
     context = 0 if prompt_grad else ids.shape[1] - batch.keep
     with torch.set_grad_enabled(prompt_grad and torch.is_grad_enabled()):
-        cache = deferred(prefix_cache(model, batch.prefix), model.config) if batch.prefix else None
+        cache = (shared and shared.cache(model, batch.prefix)) if batch.prefix else None
+        if batch.prefix and cache is None:
+            cache = deferred(prefix_cache(model, batch.prefix), model.config)
         if context:
             cache = cache or PrefixCache(config=model.config)
             past = attention.shape[1] - ids.shape[1] + context
@@ -218,6 +221,7 @@ class LearnerParams:
     fused_value: bool = True  # a ``head`` critic's value loss reads the policy pass's hidden states (one pass, not two)
     heap_mmap_threshold_kb: int | str = 0  # train.heap_mmap_threshold_kb (heap_mmap_threshold_kb() resolves "auto")
     group_by_prompt: bool = True  # micro-batches packed per prompt group (samples.prefix_groups)
+    prefix_once: bool = True  # the prefix the whole batch shares runs once per update (models.prefix.BatchPrefix)
 
     @classmethod
     def from_config(cls, cfg: Config) -> "LearnerParams":
@@ -231,6 +235,7 @@ class LearnerParams:
             norm_len=float(cfg.env.max_turns * cfg.rollout.max_new_tokens), vf_coef=a.vf_coef, demo_coef=a.demo_coef,
             is_correction=a.is_correction, is_level=a.is_level, is_cap=a.is_cap, prompt_grad=t.prompt_grad,
             fused_value=a.fused_value, heap_mmap_threshold_kb=t.heap_mmap_threshold_kb, group_by_prompt=t.group_by_prompt,
+            prefix_once=t.prefix_once,
         )
 
 
@@ -329,6 +334,8 @@ class Learner:
     (the reference is then its base weights, computed with the adapters disabled), or None.
     """
 
+    shares_batch_prefix = True  # False in data-parallel learners (BatchPrefix's backward comes after their sync)
+
     def __init__(self, model, params: LearnerParams, pad_id: int, ref_model=None, critic=None) -> None:
         self.model = model
         self.params = params
@@ -348,6 +355,7 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
         self._proximal: list[torch.Tensor] = []  # this update's proximal logprobs, one per micro-batch, in order
         self._proximal_read = 0  # micro-batches of the current epoch that have read theirs
+        self._shared: BatchPrefix | None = None  # the current epoch's batch-wide prefix (_batch_prefix)
 
     def _autocast(self):
         if self.params.autocast_bf16:
@@ -383,9 +391,12 @@ class Learner:
                 self.critic.zero_grad()
             release_free_memory()  # the last gradient, and what collecting the batch left free in the heap
             stats = _Sums()
+            self._shared = self._batch_prefix(samples, len(batches))
             for mb in batches:
                 self._policy_backward(collate(mb, self.pad_id), num_tokens, loss_seqs, stats, fused and fused.rows(mb))
                 release_free_memory()  # the micro-batch's freed activations, before the next one allocates its own
+            if self._shared is not None:  # the prefix every micro-batch shared: its gradient, summed over them
+                self._shared = self._shared.backward()
             if demos:
                 stats.maxima["demo_nll"] = self._demo_backward(demos, self.params.demo_coef)
             if fused:
@@ -408,6 +419,14 @@ class Learner:
         })
         return metrics
 
+    def _batch_prefix(self, samples: Sequence[TrainSample], num_batches: int) -> BatchPrefix | None:
+        """The prefix all ``samples`` share, run once for the update (``train.prefix_once``) if it saves runs of it."""
+        n = shared_prefix_len(samples)
+        if not (self.params.prefix_once and self.shares_batch_prefix and num_batches > 1 and n >= 16):
+            return None
+        with self._autocast(), torch.set_grad_enabled(self.params.prompt_grad):
+            return BatchPrefix(self.model, samples[0].input_ids[:n])
+
     def _policy_backward(self, batch: Batch, num_tokens: float, num_seqs: float, stats: _Sums,
                          values: "_ValueRows | None" = None) -> None:
         """Accumulate one micro-batch's policy-loss gradient (PPO-clip, entropy bonus, KL to the reference), plus the
@@ -415,10 +434,10 @@ class Learner:
         p = self.params
         with self._autocast():
             if values:
-                hidden = response_hidden(self.model, batch, p.prompt_grad)
+                hidden = response_hidden(self.model, batch, p.prompt_grad, self._shared)
                 logits = self.model.get_output_embeddings()(hidden)
             else:
-                logits = response_logits(self.model, batch, p.prompt_grad)
+                logits = response_logits(self.model, batch, p.prompt_grad, self._shared)
             ref_logits = None
             if self.ref_model is not None and p.kl_coef > 0:
                 ref_logits = self._reference_logits(batch)

@@ -122,6 +122,51 @@ def prefix_cache(model, prefix_ids: Sequence[int]) -> PrefixCache:
     return PrefixCache(ddp_cache_data=data, config=model.config)
 
 
+class BatchPrefix:
+    """The prompt prefix every micro-batch of one update shares, run once for the update instead of once per micro-batch.
+
+    Samples grouped by prompt (:func:`turnrl.learner.samples.prefix_groups`) give each micro-batch its own longer
+    prefix (one map's observation, one role's system prompt), and all of them start with the part the whole batch
+    shares (the system prompt and few-shot exchanges: 125 of the default recipe's 126-160 prefix tokens, in each of its
+    10 micro-batches). :meth:`cache` serves a micro-batch this part's keys and values as leaves of their own and runs
+    only the rest of the micro-batch's prefix on top; each micro-batch's backward adds its gradient to the leaves, and
+    :meth:`backward`, once every micro-batch is done, runs the shared part's own backward with their sum. The gradient
+    is the same (up to floating-point order); the shared part's activations (one row) stay alive for the update.
+
+    A data-parallel learner must not use it: its ranks synchronise gradients in the last micro-batch's backward, before
+    :meth:`backward` would add the shared part's.
+    """
+
+    def __init__(self, model, prefix_ids: Sequence[int]) -> None:
+        self.ids, self.config = list(prefix_ids), model.config
+        self._stored = [t for layer in prefix_cache(model, self.ids).layers for t in (layer.keys, layer.values)]
+        self._leaves = [t.detach().requires_grad_(t.requires_grad) for t in self._stored]
+
+    def cache(self, model, prefix_ids: Sequence[int]) -> PrefixCache | None:
+        """A cache holding ``prefix_ids`` (which must start with this prefix; else None): this prefix's keys and
+        values, then the rest's, run now over them (cut from its graph like :func:`deferred`'s)."""
+        n = len(self.ids)
+        if len(prefix_ids) < n or list(prefix_ids[:n]) != self.ids:
+            return None
+        data = [(self._leaves[2 * i], self._leaves[2 * i + 1]) for i in range(len(self._leaves) // 2)]
+        cache = PrefixCache(ddp_cache_data=data, config=self.config)
+        if len(prefix_ids) == n:
+            return cache
+        rest = torch.tensor([list(prefix_ids[n:])], dtype=torch.long)
+        with paused():
+            _, cache = forward(model, cache, input_ids=rest, position_ids=torch.arange(n, len(prefix_ids))[None],
+                               use_cache=True, logits_to_keep=1)
+        return deferred(cache, self.config)
+
+    def backward(self) -> None:
+        """Run the shared prefix's backward with the gradient every micro-batch added to its keys and values (once;
+        returns None, so ``shared = shared.backward()`` drops it)."""
+        pairs = [(t, leaf.grad) for t, leaf in zip(self._stored, self._leaves) if leaf.grad is not None and t.requires_grad]
+        if pairs:
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        self._stored, self._leaves = [], []
+
+
 def round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 

@@ -55,6 +55,8 @@ class DataParallelLearner(Learner):
     Build the training process's one with :meth:`spawn`; :func:`_serve` runs the others.
     """
 
+    shares_batch_prefix = False  # its ranks synchronise in the last micro-batch's backward (models.prefix.BatchPrefix)
+
     def __init__(self, model, params: LearnerParams, pad_id: int, ref_model=None, *, rank: int, world: int,
                  groups: Groups, timeout_s: float) -> None:
         super().__init__(model, params, pad_id, ref_model=ref_model)
