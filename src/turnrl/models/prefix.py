@@ -123,15 +123,16 @@ def prefix_cache(model, prefix_ids: Sequence[int]) -> PrefixCache:
 
 
 class BatchPrefix:
-    """The prompt prefix every micro-batch of one update shares, run once for the update instead of once per micro-batch.
+    """The prompt prefix every micro-batch of one update shares, run once for the update, not once per micro-batch.
 
     Samples grouped by prompt (:func:`turnrl.learner.samples.prefix_groups`) give each micro-batch its own longer
     prefix (one map's observation, one role's system prompt), and all of them start with the part the whole batch
-    shares (the system prompt and few-shot exchanges: 125 of the default recipe's 126-160 prefix tokens, in each of its
-    12 micro-batches on its step-0 batch). :meth:`cache` serves a micro-batch this part's keys and values as leaves of their own and runs
-    only the rest of the micro-batch's prefix on top; each micro-batch's backward adds its gradient to the leaves, and
-    :meth:`backward`, once every micro-batch is done, runs the shared part's own backward with their sum. The gradient
-    is the same (up to floating-point order); the shared part's activations (one row) stay alive for the update.
+    shares (the system prompt and few-shot exchanges: 125 of the default recipe's 126-160 prefix tokens, in each of
+    the 12 micro-batches of its step-0 batch). :meth:`cache` serves a micro-batch this part's keys and values as
+    leaves of their own and runs only the rest of the micro-batch's prefix on top; each micro-batch's backward adds
+    its gradient to the leaves, and :meth:`backward`, once every micro-batch is done, runs the shared part's own
+    backward with their sum. The gradient is the same (up to floating-point order); the shared part's activations
+    (one row) stay alive for the update.
 
     A data-parallel learner must not use it: its ranks synchronise gradients in the last micro-batch's backward, before
     :meth:`backward` would add the shared part's.
@@ -161,7 +162,8 @@ class BatchPrefix:
     def backward(self) -> None:
         """Run the shared prefix's backward with the gradient every micro-batch added to its keys and values (once;
         returns None, so ``shared = shared.backward()`` drops it)."""
-        pairs = [(t, leaf.grad) for t, leaf in zip(self._stored, self._leaves) if leaf.grad is not None and t.requires_grad]
+        pairs = [(t, leaf.grad) for t, leaf in zip(self._stored, self._leaves)
+                 if leaf.grad is not None and t.requires_grad]
         if pairs:
             torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
         self._stored, self._leaves = [], []
