@@ -98,10 +98,15 @@ class _PrefixCut(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
-        pairs = [(t, g) for t, g in zip(ctx.stored, grads) if g is not None and t.requires_grad]
-        if pairs:
-            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        backward_into(ctx.stored, grads)
         return (None, *(None for _ in grads))
+
+
+def backward_into(stored: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> None:
+    """Backpropagate each stored prefix tensor's graph with its gradient (skipping tensors without either)."""
+    pairs = [(t, g) for t, g in zip(stored, grads) if g is not None and t.requires_grad]
+    if pairs:
+        torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
 
 
 def _broadcast(stored: torch.Tensor, rows: int) -> torch.Tensor:
@@ -162,10 +167,7 @@ class BatchPrefix:
     def backward(self) -> None:
         """Run the shared prefix's backward with the gradient every micro-batch added to its keys and values (once;
         returns None, so ``shared = shared.backward()`` drops it)."""
-        pairs = [(t, leaf.grad) for t, leaf in zip(self._stored, self._leaves)
-                 if leaf.grad is not None and t.requires_grad]
-        if pairs:
-            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        backward_into(self._stored, [leaf.grad for leaf in self._leaves])
         self._stored, self._leaves = [], []
 
 
