@@ -130,10 +130,11 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
 
     from turnrl.models.attention import use_grouped_attention
+    from turnrl.models.lean import use_lean_layers
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=dtype)
     model.config.use_cache = True
-    return use_grouped_attention(model)
+    return use_lean_layers(use_grouped_attention(model))
 
 
 @dataclass
@@ -150,6 +151,7 @@ def tiny_model(tokenizer, spec: TinyModelSpec = TinyModelSpec(), seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from turnrl.models.attention import use_grouped_attention
+    from turnrl.models.lean import use_lean_layers
 
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -167,7 +169,7 @@ def tiny_model(tokenizer, spec: TinyModelSpec = TinyModelSpec(), seed: int = 0):
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    return use_grouped_attention(model)
+    return use_lean_layers(use_grouped_attention(model))
 
 
 def frozen_copy(model):

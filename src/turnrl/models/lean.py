@@ -1,0 +1,150 @@
+"""RMSNorm and the SwiGLU MLP as autograd functions that keep less for the backward pass.
+
+Autograd keeps whatever each small op needs for its own backward. Summed over one of SmolLM2-135M's decoder layers
+in fp32 (tests/test_lean_layers.py counts it), that is about 11,200 floats per position:
+
+- RMSNorm (``weight * (x * rsqrt(mean(x^2) + eps))``): the input for ``pow``, the normalised input for the weight's
+  product, and the output, which the next projection keeps anyway: 3 x hidden, twice a layer;
+- the MLP (``down(silu(gate(x)) * up(x))``): ``gate(x)`` for ``silu``, ``silu(gate(x))`` and ``up(x)`` for the
+  product, and the product for ``down``'s weight gradient: 4 x intermediate.
+
+:class:`LeanRMSNorm` keeps the input and one reciprocal norm per row and recomputes the normalised input in its
+backward; :class:`LeanMLP` keeps ``gate(x)`` and ``up(x)`` and recomputes ``silu(gate(x)) * up(x)`` (elementwise,
+cheap next to the three matmuls) where the backward needs it. A layer then keeps about 6,900 floats per position,
+0.62x (the default recipe's activation memory, which grows with ``train.micro_batch_tokens``, falls by as much).
+
+Exactness: the forward runs the same ops in the same order as transformers' modules, so outputs (and the logprobs the
+learner compares with the engine's) are bit-for-bit the same; the backward computes the same formulas in a different
+order, so gradients agree to rounding (4e-6 relative on the default model in fp32; tested to 1e-5). Under autocast
+the norm runs transformers' ops; under autocast, with biases or with a LoRA-wrapped ``down_proj``, the MLP keeps the
+product for ``down_proj`` (and still not ``silu(gate(x))``).
+
+Only the modules whose forward is known to be exactly this are replaced (:data:`NORMS`, :data:`MLPS`: Llama,
+Mistral, Qwen2, Qwen3); others (Gemma's ``1 + weight`` norm, a GELU MLP) keep transformers' own. The replacements
+hold the same parameters under the same names, so state dicts, checkpoints and the engines' weight reads are
+unchanged. Models turnrl loads (:func:`turnrl.models.load_model`, :func:`turnrl.models.tiny_model`) use them; call
+:func:`use_lean_layers` on a model built elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
+MLPS = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
+SILU = frozenset({"SiLU", "SiLUActivation"})
+
+
+class _RMSNorm(torch.autograd.Function):
+    """``weight * (x * rsqrt(mean(x^2, -1) + eps))`` in fp32, cast back to ``x``'s dtype before the weight's product
+    (transformers' order). Saves ``x`` and ``r = rsqrt(...)`` (one float per row)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = x.to(torch.float32)
+        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, r)
+        return weight * (xf * r).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight, r = ctx.saved_tensors
+        xhat = x.to(torch.float32) * r
+        dw = None
+        if ctx.needs_input_grad[1]:
+            dw = (dy * xhat.to(x.dtype)).reshape(-1, dy.shape[-1]).sum(0).to(weight.dtype)
+        dx = None
+        if ctx.needs_input_grad[0]:
+            g = (dy * weight).to(torch.float32)  # d loss / d xhat
+            dx = (r * (g - xhat * (g * xhat).mean(-1, keepdim=True))).to(x.dtype)
+        return dx, dw, None
+
+
+class _SwiGLUDown(torch.autograd.Function):
+    """``silu(g) * u @ w.T``: saves ``g``, ``u`` and ``w`` (not the product, which the backward recomputes)."""
+
+    @staticmethod
+    def forward(ctx, g: torch.Tensor, u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(g, u, w)
+        return F.linear(F.silu(g) * u, w)
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor):
+        g, u, w = ctx.saved_tensors
+        sg = F.silu(g)
+        dw = None
+        if ctx.needs_input_grad[2]:
+            dw = dout.reshape(-1, dout.shape[-1]).t() @ (sg * u).reshape(-1, g.shape[-1])
+        dh = dout @ w
+        return torch.ops.aten.silu_backward(dh * u, g), dh.mul_(sg), dw
+
+
+class _SwiGLU(torch.autograd.Function):
+    """``silu(g) * u``: saves ``g`` and ``u``, not ``silu(g)``."""
+
+    @staticmethod
+    def forward(ctx, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(g, u)
+        return F.silu(g) * u
+
+    @staticmethod
+    def backward(ctx, dh: torch.Tensor):
+        g, u = ctx.saved_tensors
+        return torch.ops.aten.silu_backward(dh * u, g), dh * F.silu(g)
+
+
+def _autocast() -> bool:
+    return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
+
+
+class LeanRMSNorm(nn.Module):
+    """transformers' Llama-family RMSNorm (the same ``weight`` and ``variance_epsilon``), through :class:`_RMSNorm`."""
+
+    def __init__(self, weight: nn.Parameter, eps: float) -> None:
+        super().__init__()
+        self.weight = weight
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled() or _autocast():  # nothing kept, or mixed dtypes: transformers' own ops
+            xf = x.to(torch.float32)
+            return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)).to(x.dtype)
+        return _RMSNorm.apply(x, self.weight, self.variance_epsilon)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+
+
+class LeanMLP(nn.Module):
+    """transformers' Llama-family MLP (the same ``gate_proj``, ``up_proj``, ``down_proj``), through
+    :class:`_SwiGLUDown` when ``down_proj`` is a plain bias-free ``nn.Linear`` outside autocast, else
+    :class:`_SwiGLU` and ``down_proj`` itself (a LoRA layer, a bias)."""
+
+    def __init__(self, mlp: nn.Module) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.hidden_size, self.intermediate_size = mlp.hidden_size, mlp.intermediate_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g, u = self.gate_proj(x), self.up_proj(x)
+        if not torch.is_grad_enabled():
+            return self.down_proj(F.silu(g) * u)
+        down = self.down_proj
+        if type(down) is nn.Linear and down.bias is None and not _autocast():
+            return _SwiGLUDown.apply(g, u, down.weight)
+        return down(_SwiGLU.apply(g, u))
+
+
+def use_lean_layers(model: nn.Module) -> nn.Module:
+    """Replace ``model``'s Llama-family RMSNorms and SiLU MLPs with :class:`LeanRMSNorm` and :class:`LeanMLP`
+    (same parameters, same names); returns ``model``. Other modules are left as they are."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            kind = type(child).__name__
+            if kind in NORMS:
+                setattr(parent, name, LeanRMSNorm(child.weight, child.variance_epsilon))
+            elif kind in MLPS and type(getattr(child, "act_fn", None)).__name__ in SILU:
+                setattr(parent, name, LeanMLP(child))
+    return model

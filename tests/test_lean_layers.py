@@ -1,0 +1,148 @@
+"""turnrl.models.lean: the same forward as transformers' RMSNorm and SwiGLU MLP, gradients to rounding, and less kept
+for the backward."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from turnrl.models.lean import LeanMLP, LeanRMSNorm, use_lean_layers
+
+
+def _llama(seed: int = 0, **overrides):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=97, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=96, tie_word_embeddings=True, **overrides)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # the norms start at 1: move them so their gradient and weight both matter
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def _run(model, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids, use_cache=False).logits
+    (logits.log_softmax(-1)[..., :20] * torch.linspace(-1, 1, 20)).sum().backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _assert_same(ref, lean, ids: torch.Tensor, exact_forward: bool = True) -> None:
+    out_ref, grads_ref = _run(ref, ids)
+    out_lean, grads_lean = _run(lean, ids)
+    if exact_forward:
+        assert torch.equal(out_ref, out_lean)
+    else:
+        torch.testing.assert_close(out_lean, out_ref)
+    assert grads_ref.keys() == grads_lean.keys()
+    for name, g in grads_ref.items():
+        assert (grads_lean[name] - g).norm() <= 1e-5 * g.norm() + 1e-9, name
+
+
+def test_the_lean_layers_give_the_same_logits_and_the_gradient_to_rounding():
+    ref = _llama()
+    lean = use_lean_layers(copy.deepcopy(ref))
+    assert isinstance(lean.model.layers[0].mlp, LeanMLP) and isinstance(lean.model.norm, LeanRMSNorm)
+    assert lean.state_dict().keys() == ref.state_dict().keys()
+    _assert_same(ref, lean, torch.randint(0, 97, (3, 17)))
+
+
+def test_a_biased_mlp_and_a_lora_wrapped_projection_take_the_path_that_keeps_the_product():
+    ref = _llama(mlp_bias=True)
+    _assert_same(ref, use_lean_layers(copy.deepcopy(ref)), torch.randint(0, 97, (2, 11)))
+
+    from peft import LoraConfig, get_peft_model
+
+    base = _llama(seed=1)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["down_proj", "gate_proj"], init_lora_weights=False)
+    ref = get_peft_model(copy.deepcopy(base), lora)
+    torch.manual_seed(2)
+    lean = get_peft_model(use_lean_layers(copy.deepcopy(base)), lora)
+    lean.load_state_dict(ref.state_dict())
+    _assert_same(ref, lean, torch.randint(0, 97, (2, 11)))
+
+
+def test_under_autocast_and_without_grad_the_modules_run_transformers_ops():
+    ref = _llama()
+    lean = use_lean_layers(copy.deepcopy(ref))
+    ids = torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(ref(input_ids=ids).logits, lean(input_ids=ids).logits)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _assert_same(ref, lean, ids)
+
+
+def test_the_backward_keeps_well_under_two_thirds_of_what_transformers_modules_keep():
+    ref = _llama()
+    lean = use_lean_layers(copy.deepcopy(ref))
+    ids = torch.randint(0, 97, (4, 32))
+
+    def kept(model) -> int:
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids, use_cache=False)
+        return sum(n for ptr, n in storages.items() if ptr not in params)
+
+    assert kept(lean) < 0.7 * kept(ref)
+
+
+class OtherNorm(nn.Module):
+    """A norm whose formula turnrl does not know (Gemma's ``1 + weight``, say)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(4))
+        self.variance_epsilon = 1e-6
+
+
+def test_only_known_modules_are_replaced_and_the_model_pickles():
+    model = _llama()
+    model.extra = OtherNorm()
+    model.model.layers[1].mlp.act_fn = nn.GELU()  # not SwiGLU any more
+    use_lean_layers(model)
+    assert type(model.extra) is OtherNorm
+    assert type(model.model.layers[1].mlp).__name__ == "LlamaMLP"
+    assert type(model.model.layers[0].mlp) is LeanMLP
+    again = pickle.loads(pickle.dumps(model))
+    assert type(again.model.layers[0].input_layernorm) is LeanRMSNorm
+
+
+def test_models_turnrl_builds_use_the_lean_layers(tiny_model):
+    assert isinstance(tiny_model.model.layers[0].mlp, LeanMLP)
+    assert isinstance(tiny_model.model.layers[0].post_attention_layernorm, LeanRMSNorm)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_norm_alone_matches_transformers_in_each_dtype(dtype):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(0)
+    ref = LlamaRMSNorm(16, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        ref.weight.add_(torch.randn(16).to(dtype))
+    lean = LeanRMSNorm(nn.Parameter(ref.weight.detach().clone()), 1e-5)
+    x = torch.randn(3, 5, 16, dtype=dtype) * 3
+    dy = torch.randn(3, 5, 16, dtype=dtype)
+    outs = []
+    for norm in (ref, lean):
+        xi = x.clone().requires_grad_(True)
+        y = norm(xi)
+        y.backward(dy)
+        outs.append((y.detach(), xi.grad, norm.weight.grad))
+    assert torch.equal(outs[0][0], outs[1][0])
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(outs[1][1], outs[0][1], **tol)
+    torch.testing.assert_close(outs[1][2], outs[0][2], **tol)
