@@ -23,7 +23,10 @@ state is created then), then ``--updates`` timed ones on the same batch. Arms:
 - ``one_group``: ``train.group_by_prompt=false``, the packing before prompt groups (every micro-batch sharing only
   the prefix the whole batch shares): what grouping by prompt saves (the same gradient, up to floating-point order);
 - ``prefix_each``: ``train.prefix_once=false``, the prompt prefix the whole batch shares run again in every micro-batch
-  instead of once per update: what running it once saves (the same gradient).
+  instead of once per update: what running it once saves (the same gradient);
+- ``mb512`` / ``mb1024`` / ``mb2048``: ``train.micro_batch_tokens`` = 512 / 1024 / 2048 (the default is 512; it was
+  2048 until 2026-12-06): the micro-batch budget, which sets the activation memory held at once (the same gradient,
+  up to floating-point order).
 
 Gradient direction: the first update's gradient (taken before its optimizer step, so at the same weights in every
 arm; after clipping, which only scales it) is compared with the ``full`` arm's by cosine, over all parameters (the
@@ -75,6 +78,9 @@ ARMS = {
     "recompute_glibc_heap": ["train.activation_checkpointing=true", "train.heap_mmap_threshold_kb=0"],
     "one_group": ["train.group_by_prompt=false"],
     "prefix_each": ["train.prefix_once=false"],
+    "mb512": ["train.micro_batch_tokens=512"],
+    "mb1024": ["train.micro_batch_tokens=1024"],
+    "mb2048": ["train.micro_batch_tokens=2048"],
 }
 
 
@@ -103,7 +109,7 @@ def logged_batch(runs: list[Path], from_step: int, path: Path) -> dict:
     path.write_text(json.dumps(samples))
     return {"samples": len(samples), "tokens": sum(len(s["input_ids"]) for s in samples),
             "trained_tokens": sum(sum(s["loss_mask"]) for s in samples), "from_runs": [str(r) for r in runs],
-            "from_step": from_step}
+            "from_step": from_step, "source": f"the turns {len(runs)} run(s) logged from step {from_step} on"}
 
 
 def default_batch(overrides: list[str], path: Path) -> dict:
@@ -225,6 +231,8 @@ def main() -> int:
             batch = logged_batch(args.from_runs, args.from_step, batch_file)
         else:
             batch = default_batch(args.overrides, batch_file)
+        batch["source"] = (f"the batch kept in {batch_file}" if args.keep_batch and "source" not in batch
+                           else batch.get("source", "step 0 of the default recipe"))
         print(f"batch: {batch}", flush=True)
         results = {}
         for name in arms:
@@ -257,7 +265,7 @@ def main() -> int:
         return f"{r[key]:.4f}" if key in r else "-"
 
     report = "\n".join([
-        f"Batch: step 0 of the default recipe{' (' + ' '.join(args.overrides) + ')' if args.overrides else ''}: "
+        f"Batch: {batch['source']}{' (' + ' '.join(args.overrides) + ')' if args.overrides else ''}: "
         f"{batch['samples']} samples, {batch['tokens']} tokens, {batch['trained_tokens']} trained; {args.updates} timed "
         f"update(s) per arm after the first, {args.threads} threads, each arm in its own process.",
         "",

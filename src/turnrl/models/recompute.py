@@ -32,7 +32,7 @@ from turnrl.models.freeze import decoder_layers
 _state = threading.local()  # paused(): per thread, as the async producer generates while the learner updates
 
 
-AUTO_BELOW_GB = 16.0  # train.activation_checkpointing=auto turns it on below this much memory
+AUTO_BELOW_GB = 8.0  # train.activation_checkpointing=auto turns it on below this much memory (docs/speed.md)
 
 
 def wanted(setting: bool | str, model) -> bool:
