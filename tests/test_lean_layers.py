@@ -12,6 +12,8 @@ from torch import nn
 
 from turnrl.models.lean import LeanMLP, LeanRMSNorm, use_lean_layers
 
+from tests.bench_modules import load_bench
+
 
 def _llama(seed: int = 0, **overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -79,24 +81,13 @@ def test_under_autocast_and_without_grad_the_modules_run_transformers_ops():
         _assert_same(ref, lean, ids)
 
 
-def test_the_backward_keeps_well_under_two_thirds_of_what_transformers_modules_keep():
+def test_the_backward_keeps_under_seven_tenths_of_what_transformers_modules_keep():
     ref = _llama()
     lean = use_lean_layers(copy.deepcopy(ref))
     ids = torch.randint(0, 97, (4, 32))
 
-    def kept(model) -> int:
-        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        storages: dict[int, int] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(input_ids=ids, use_cache=False)
-        return sum(n for ptr, n in storages.items() if ptr not in params)
-
-    assert kept(lean) < 0.7 * kept(ref)
+    kept = load_bench("lean_layers").kept_per_position  # bytes per position, the weights not counted
+    assert kept(lean, ids) < 0.7 * kept(ref, ids)
 
 
 class OtherNorm(nn.Module):
