@@ -96,9 +96,9 @@ def prefix_groups(samples: Sequence[TrainSample], token_budget: int) -> list[lis
     less than the group would: the positions they run (:func:`layout_positions`: each micro-batch's prefix once
     plus its padded rows) and :data:`MICRO_BATCH_COST` per micro-batch, so prompts that part only to save a few
     padding positions are not scattered over many small micro-batches. Parts are cut again by the same rule, and a
-    cut is also kept where it pays only through the cuts inside its parts (:func:`_split`). (The
-    default recipe's step-0 batch splits by map observation: 10 groups, 10,660 -> 6,543 positions.) The gradient
-    does not depend on the grouping (the learner's normalisers are over the whole update).
+    cut is also kept where it pays only through the cuts inside its parts (:func:`_split`). (At
+    2,048-token micro-batches the default recipe's step-0 batch split by map observation: 10 groups, 10,660 -> 6,543
+    positions.) The gradient does not depend on the grouping (the learner's normalisers are over the whole update).
     """
     if len(samples) < 2:
         return [list(samples)]

@@ -133,7 +133,7 @@ class BatchPrefix:
     Samples grouped by prompt (:func:`turnrl.learner.samples.prefix_groups`) give each micro-batch its own longer
     prefix (one map's observation, one role's system prompt), and all of them start with the part the whole batch
     shares (the system prompt and few-shot exchanges: 125 of the default recipe's 126-160 prefix tokens, in each of
-    the 12 micro-batches of its step-0 batch). :meth:`cache` serves a micro-batch this part's keys and values as
+    the 15 micro-batches of its step-0 batch). :meth:`cache` serves a micro-batch this part's keys and values as
     leaves of their own and runs only the rest of the micro-batch's prefix on top; each micro-batch's backward adds
     its gradient to the leaves, and :meth:`backward`, once every micro-batch is done, runs the shared part's own
     backward with their sum. The gradient is the same (up to floating-point order); the shared part's activations
