@@ -71,7 +71,7 @@ def test_a_biased_mlp_and_a_lora_wrapped_projection_take_the_path_that_keeps_the
     _assert_same(ref, lean, torch.randint(0, 97, (2, 11)))
 
 
-def test_under_autocast_and_without_grad_the_modules_run_transformers_ops():
+def test_under_autocast_and_without_grad_the_logits_and_gradients_still_match():
     ref = _llama()
     lean = use_lean_layers(copy.deepcopy(ref))
     ids = torch.randint(0, 97, (2, 9))
