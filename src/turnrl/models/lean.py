@@ -62,6 +62,12 @@ class _RMSNorm(torch.autograd.Function):
         return dx, dw, None
 
 
+def _swiglu_grads(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, sg: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The gradients of ``silu(g) * u`` with respect to ``g`` and ``u``, given that product's gradient ``dh`` and
+    ``sg = silu(g)``."""
+    return torch.ops.aten.silu_backward(dh * u, g), dh * sg
+
+
 class _SwiGLUDown(torch.autograd.Function):
     """``silu(g) * u @ w.T``: saves ``g``, ``u`` and ``w`` (not the product, which the backward recomputes)."""
 
@@ -77,8 +83,7 @@ class _SwiGLUDown(torch.autograd.Function):
         dw = None
         if ctx.needs_input_grad[2]:
             dw = dout.reshape(-1, dout.shape[-1]).t() @ (sg * u).reshape(-1, g.shape[-1])
-        dh = dout @ w
-        return torch.ops.aten.silu_backward(dh * u, g), dh.mul_(sg), dw
+        return (*_swiglu_grads(dout @ w, g, u, sg), dw)
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -92,7 +97,7 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh: torch.Tensor):
         g, u = ctx.saved_tensors
-        return torch.ops.aten.silu_backward(dh * u, g), dh * F.silu(g)
+        return _swiglu_grads(dh, g, u, F.silu(g))
 
 
 def _autocast() -> bool:
