@@ -20,6 +20,7 @@ from tests.test_recompute import _saved_bytes
 from tests.test_speed_options import _grads, _params
 from turnrl import loop
 from turnrl.learner import Learner
+from turnrl.learner import heap
 from turnrl.learner import learner as learner_module
 from turnrl.learner.learner import response_logits
 from turnrl.learner.samples import collate
@@ -59,8 +60,17 @@ def test_fused_adamw_gives_the_foreach_update(tiny_model):
 
 
 def test_trimming_the_heap_is_safe_to_call_anywhere():
-    learner_module.release_free_memory()
-    learner_module.release_free_memory()
+    heap.release_free_memory()
+    heap.release_free_memory()
+
+
+def test_an_update_trims_the_heap_before_it_after_each_micro_batch_and_at_its_end(tiny_model, monkeypatch):
+    trims: list[int] = []
+    monkeypatch.setattr(learner_module, "release_free_memory", lambda: trims.append(1))
+    learner = Learner(copy.deepcopy(tiny_model), _params(micro_batch_tokens=64), pad_id=0)
+    metrics = learner.update(_samples(n=6, prefix_len=24))
+    assert metrics["train/micro_batches"] >= 2
+    assert len(trims) == metrics["train/micro_batches"] + 2
 
 
 def test_a_foreach_checkpoint_resumes_fused_with_the_same_update(tiny_model):
@@ -140,7 +150,7 @@ def test_a_synchronous_loop_frees_the_engines_weights_before_the_update_and_an_a
 
 def test_the_heap_threshold_is_fixed_under_activation_checkpointing_by_default(tiny_model, monkeypatch):
     calls: list[tuple[int, int]] = []
-    monkeypatch.setattr(learner_module, "_glibc", lambda: SimpleNamespace(mallopt=lambda k, v: calls.append((k, v))))
+    monkeypatch.setattr(heap, "_glibc", lambda: SimpleNamespace(mallopt=lambda k, v: calls.append((k, v))))
     Learner(copy.deepcopy(tiny_model), _params(), pad_id=0)  # not checkpointed: glibc's own threshold
     assert calls == []
     model = copy.deepcopy(tiny_model)

@@ -3,7 +3,8 @@
 - :mod:`~turnrl.learner.samples`: exact-token training samples, micro-batching and the shared-prefix layout;
 - :mod:`~turnrl.learner.losses`: PPO-clip, loss aggregation, KL estimators, entropy;
 - :mod:`~turnrl.learner.learner`: :class:`Learner`, the micro-batched update;
-- :mod:`~turnrl.learner.critic`: :class:`Critic`, a learned V(s) for the GAE estimators.
+- :mod:`~turnrl.learner.critic`: :class:`Critic`, a learned V(s) for the GAE estimators;
+- :mod:`~turnrl.learner.heap`: what the C heap keeps of an update's freed memory, and when it is given back.
 """
 
 from turnrl.learner.critic import Critic, CriticParams, ValueBatch

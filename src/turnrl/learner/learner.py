@@ -9,8 +9,6 @@ micro-batch split.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import functools
 import math
 from collections.abc import Sequence
@@ -20,6 +18,7 @@ import torch
 
 from turnrl.config import Config
 from turnrl.learner import losses
+from turnrl.learner.heap import heap_mmap_threshold_kb, limit_heap_retention, release_free_memory
 from turnrl.learner.samples import Batch, build_samples, collate, micro_batches, shared_prefix_len
 from turnrl.models.lora import adapter_disabled
 from turnrl.models.prefix import BatchPrefix, PrefixCache, additive_mask, deferred, forward, prefix_cache
@@ -119,53 +118,6 @@ def _fused_adamw_supported() -> bool:
 def _is_distributed(p: torch.Tensor) -> bool:
     """A DTensor (an FSDP shard, :mod:`turnrl.scale.sharded`): its optimizer keeps the default implementation."""
     return hasattr(p, "to_local")
-
-
-def release_free_memory() -> None:
-    """Give the C heap's free pages back to the OS (glibc's ``malloc_trim``; a no-op on other C libraries).
-
-    glibc keeps freed blocks below its mmap threshold (which rises to 32 MB as large blocks are freed) in the heap:
-    after one micro-batch of the default recipe 1.45 GB of the resident set was such free memory.
-    """
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
-AUTO_HEAP_MMAP_THRESHOLD_KB = 4096  # train.heap_mmap_threshold_kb=auto under activation checkpointing
-
-
-def heap_mmap_threshold_kb(setting: int | str, checkpointed: bool) -> int:
-    """``train.heap_mmap_threshold_kb`` resolved: "auto" is :data:`AUTO_HEAP_MMAP_THRESHOLD_KB` when the model's layers
-    are checkpointed (the run is saving memory), else 0 (glibc's own threshold)."""
-    if setting == "auto":
-        return AUTO_HEAP_MMAP_THRESHOLD_KB if checkpointed else 0
-    return int(setting)
-
-
-def limit_heap_retention(threshold_kb: int) -> None:
-    """Fix glibc's mmap threshold at ``threshold_kb`` KiB (0: leave glibc's own), process-wide and for good: every block
-    above it is mapped on its own and returned to the OS when freed.
-
-    glibc's own threshold rises to the size of the largest mapped block freed (up to 32 MB), so after the first
-    micro-batch every activation tensor of the default recipe comes from the heap, where freed space stays resident
-    and fragments. Measured on the default recipe with activation checkpointing (bench/RESULTS.md, 2026-12-06): the
-    first update's peak 3.8-4.0 GB at glibc's threshold, 2.75 GB at 4096 KiB.
-    """
-    libc = _glibc()
-    if threshold_kb and libc is not None:
-        libc.mallopt(-3, threshold_kb * 1024)  # M_MMAP_THRESHOLD
-
-
-@functools.cache
-def _glibc():
-    """The C library when it is glibc (it has ``malloc_trim``), else None."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim, libc.mallopt  # noqa: B018 (AttributeError on other C libraries)
-    except (OSError, AttributeError):
-        return None
-    return libc
 
 
 def unpack(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
