@@ -298,6 +298,8 @@ def speed(args) -> int:
               "first_step_over_warm": statistics.median(r["first_step_over_warm"] for r in runs["new"]),
               "first_step_per_token_over_warm": statistics.median(r["first_step_per_token_over_warm"] for r in runs["new"]),
               "peak_rss_gb": max(r["peak_rss_gb"] for r in runs["new"]),
+              "peak_rss_source": f"the largest perf/max_rss_gb (GiB) of the new side's runs ({args.new or 'the recipe as shipped'}; "
+                                 f"seeds {', '.join(map(str, seeds))}, {args.threads} thread(s) each), this --speed invocation",
               "learn_speed": {"old_overrides": args.old, "new_overrides": args.new, "seeds": seeds, "threads_per_side": args.threads,
                               "bar_stop_at_success": args.bar, "runs": runs}}
     fmt = lambda v, f="{:.0f}": "never" if v is None else f.format(v)  # noqa: E731
