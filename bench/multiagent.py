@@ -316,7 +316,8 @@ def hier_side(side: str, env_id: str, max_turns: int, budget: dict[str, Any], tm
     demonstrations first, then) train ``env_id``, evaluated every tenth of the run; the step-0 and final rows, the
     held-out success curve and the milestone reward paid per step. Saved to ``--hier-dir`` when given."""
     every = {"eval": {"every": budget["eval_every"] or max(1, budget["steps"] // 10)}}
-    env = {"env": {"max_turns": max_turns, "progress_reward": budget["flat_progress"] if side == "flat" else 0.0}}
+    shaping = budget["flat_progress"] if side == "flat" else budget.get("hier_progress", 0.0)
+    env = {"env": {"max_turns": max_turns, "progress_reward": shaping}}
     start: dict[str, Any] = {}
     side_rows: dict[str, Any] = {}
     if budget["sft"]:  # evaluated before (the base row) and after (also the RL run's step 0) only
@@ -423,7 +424,10 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=0, help="hierarchy arm: evaluate every N steps (0: every "
                         "tenth of the run)")
     parser.add_argument("--flat-progress", type=float, default=0.0, help="hierarchy arm: the flat side's "
-                        "env.progress_reward (oracle-progress shaping; 0: the goal reward only, as the hierarchy's env)")
+                        "env.progress_reward (oracle-progress shaping; 0: the goal reward only)")
+    parser.add_argument("--hier-progress", type=float, default=0.0, help="hierarchy arm: the same oracle-progress "
+                        "shaping in the hierarchy's env (its env.progress_reward: in the env it wraps, paid to both roles); 0: "
+                        "milestone and hindsight rewards only")
     parser.add_argument("--hier-side", choices=["both", "none", *HIER_SIDES], default="both",
                         help="hierarchy arm: train only this side (run the two in two processes with one --hier-dir; "
                         "none: train neither, report from --hier-dir)")
@@ -435,7 +439,7 @@ def main() -> None:
     args = parser.parse_args()
     budget = {**BUDGETS["smoke" if args.smoke else "full"], "digits": args.digits, "doors": args.doors, "sft": args.sft,
               "seeds": args.seeds, "league": args.league, "hier_side": args.hier_side, "hier_dir": args.hier_dir, "eval_every": args.eval_every,
-              "flat_progress": args.flat_progress}
+              "flat_progress": args.flat_progress, "hier_progress": args.hier_progress}
     if args.steps:
         budget["steps"] = args.steps
     rng = random.Random(0)

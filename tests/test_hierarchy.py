@@ -127,6 +127,24 @@ def test_the_outcome_goes_to_both_roles_and_ends_both():
     assert out.infos[PLANNER]["success"] and out.infos[EXECUTOR]["reward_components"]["milestone"] == 0.5
 
 
+@pytest.mark.parametrize("env_id", ["frozenlake-hier-v0", "sokoban-hier-v0"])
+def test_progress_shaping_reaches_both_roles_through_the_env_it_wraps(env_id):
+    """env.progress_reward on a hierarchy shapes the env it wraps (a multi-agent env refuses it otherwise): each
+    executor move's progress component goes to the planner too, and the oracle team earns as much as its moves."""
+    env = make(env_id, max_turns=40, progress_reward=0.2)
+    env.reset(seed=3)
+    totals = {PLANNER: 0.0, EXECUTOR: 0.0}
+    moves = 0
+    while env.acting():
+        role = env.acting()[0]
+        out = env.step({role: env.oracle(role)})
+        moves += role == EXECUTOR
+        for r in totals:
+            totals[r] += out.infos[r]["reward_components"].get("progress", 0.0)
+    assert out.infos[EXECUTOR]["success"]
+    assert totals[PLANNER] == totals[EXECUTOR] == pytest.approx(0.2 * moves)  # every oracle move is one step closer
+
+
 def test_the_executors_turn_limit_truncates_both_roles():
     env = lake(every=8, executor_turns=2)
     step(env, PLANNER, "GOAL 3 3")

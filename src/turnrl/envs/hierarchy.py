@@ -454,21 +454,24 @@ class SokobanSubgoals(CellSubgoals):
 
 class FrozenLakeHierarchy(Hierarchy):
     """``frozenlake-hier-v0``: a random ``size`` x ``size`` FrozenLake map per seed (as ``frozenlake-v0`` draws it),
-    a planner naming cells and an executor walking to them; the executor has ``executor_turns`` turns."""
+    a planner naming cells and an executor walking to them; the executor has ``executor_turns`` turns.
+    ``progress_reward`` > 0 adds the flat env's oracle-progress shaping (``env.progress_reward`` of
+    ``frozenlake-8x8-v0``) to the wrapped env, so both roles get it (the planner its segment's sum)."""
 
     def __init__(self, size: int = 8, p_frozen: float = 0.8, executor_turns: int = 24, every: int = 4,
-                 milestone_reward: float = 0.5, hindsight_reward: float = 0.25) -> None:
-        env = make("frozenlake-v0", size=size, p_frozen=p_frozen, max_turns=executor_turns)
+                 milestone_reward: float = 0.5, hindsight_reward: float = 0.25, progress_reward: float = 0.0) -> None:
+        env = make("frozenlake-v0", size=size, p_frozen=p_frozen, max_turns=executor_turns, progress_reward=progress_reward)
         super().__init__(env, FrozenLakeSubgoals(env.unwrapped), every, milestone_reward, hindsight_reward)
 
 
 class SokobanHierarchy(Hierarchy):
     """``sokoban-hier-v0``: a seeded ``size`` x ``size`` Sokoban room with ``num_boxes`` boxes per seed (as ``sokoban-v0``
     draws it), a planner naming the target to fill next and an executor pushing; the executor has ``executor_turns``
-    turns."""
+    turns; ``progress_reward`` as :class:`FrozenLakeHierarchy`'s."""
 
     def __init__(self, size: int = 6, num_boxes: int = 2, min_solution: int = 8, max_solution: int = 16,
-                 executor_turns: int = 30, every: int = 8, milestone_reward: float = 0.5, hindsight_reward: float = 0.25) -> None:
+                 executor_turns: int = 30, every: int = 8, milestone_reward: float = 0.5, hindsight_reward: float = 0.25,
+                 progress_reward: float = 0.0) -> None:
         env = make("sokoban-v0", size=size, num_boxes=num_boxes, min_solution=min_solution, max_solution=max_solution,
-                   max_turns=executor_turns)
+                   max_turns=executor_turns, progress_reward=progress_reward)
         super().__init__(env, SokobanSubgoals(env.unwrapped), every, milestone_reward, hindsight_reward)

@@ -19,7 +19,8 @@ work without importing anything until then. ``turnrl init env NAME`` writes such
 wraps it with the standard wrappers, configured by the keywords that belong to them (the rest go to the
 env's constructor), innermost first:
 
-- ``progress_reward`` -> :class:`OracleProgress` (default 0: not applied);
+- ``progress_reward`` -> :class:`OracleProgress` (default 0: not applied), unless the env's constructor takes
+  ``progress_reward`` itself (the hierarchies shape the env they wrap, so planner and executor both get it);
 - ``invalid_penalty`` -> :class:`InvalidActionPenalty` (default 0: not applied);
 - ``max_turns`` -> :class:`TurnLimit` (default: the registration's, else ``DEFAULT_MAX_TURNS``);
 - :class:`EpisodeStatistics`, always (outermost, so it sees every other wrapper's reward and truncation).
@@ -215,6 +216,8 @@ def make(env_id: str, **kwargs: Any) -> Env:
     merged = {**s.kwargs, **kwargs}
     wrapper_kwargs = {k: merged.pop(k) for k in WRAPPER_KWARGS if k in merged}
     factory = s.load()
+    if "progress_reward" in wrapper_kwargs and "progress_reward" in inspect.signature(factory).parameters:
+        merged["progress_reward"] = wrapper_kwargs.pop("progress_reward")  # the env shapes itself
     _check_kwargs(env_id, factory, merged)
     env = factory(**merged)
     if isinstance(env, MultiAgentEnv):  # its own turn limit and penalty (envs/multiagent.py)
