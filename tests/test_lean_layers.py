@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from turnrl.models.lean import LeanMLP, LeanRMSNorm, use_lean_layers
+from turnrl.models.lean import LeanEmbedding, LeanMLP, LeanRMSNorm, use_lean_layers
 
 from tests.bench_modules import load_bench
 
@@ -19,7 +19,7 @@ def _llama(seed: int = 0, **overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=97, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=96, tie_word_embeddings=True, **overrides)
+                         num_key_value_heads=2, intermediate_size=96, **{"tie_word_embeddings": True, **overrides})
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # the norms start at 1: move them so their gradient and weight both matter
@@ -88,6 +88,33 @@ def test_the_backward_keeps_under_seven_tenths_of_what_transformers_modules_keep
 
     kept = load_bench("lean_layers").kept_per_position  # bytes per position, the weights not counted
     assert kept(lean, ids) < 0.7 * kept(ref, ids)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_embedding_adds_its_rows_into_the_gradient_in_place(tied):
+    """The lookup's gradient goes straight into ``.grad``: the same as autograd's, with the padding row left out,
+    tied to the LM head or not, and summed over two backward passes (micro-batches) as autograd sums them."""
+    ref = _llama(pad_token_id=0, tie_word_embeddings=tied)
+    lean = use_lean_layers(copy.deepcopy(ref))
+    assert type(lean.model.embed_tokens) is LeanEmbedding and lean.model.embed_tokens.padding_idx == 0
+    ids = torch.randint(0, 97, (3, 13))
+    ids[:, :3] = 0  # left padding
+    _assert_same(ref, lean, ids)
+
+    def two_passes(model):
+        model.zero_grad(set_to_none=True)
+        for part in (ids[:2], ids[2:]):
+            model(input_ids=part, use_cache=False).logits.log_softmax(-1)[..., 5:9].sum().backward()
+        return model.model.embed_tokens.weight.grad.clone()
+
+    summed, summed_lean = two_passes(ref), two_passes(lean)
+    assert summed_lean[0].abs().sum() == 0 or tied  # untied: the padding row gets nothing
+    assert (summed_lean - summed).norm() <= 1e-5 * summed.norm()
+
+    lean.model.embed_tokens.weight.requires_grad_(False)  # frozen (LoRA, train.freeze_layers): the plain lookup
+    lean.zero_grad(set_to_none=True)
+    lean(input_ids=ids, use_cache=False).logits.sum().backward()
+    assert lean.model.embed_tokens.weight.grad is None
 
 
 class OtherNorm(nn.Module):
