@@ -316,7 +316,7 @@ def hier_side(side: str, env_id: str, max_turns: int, budget: dict[str, Any], tm
     demonstrations first, then) train ``env_id``, evaluated every tenth of the run; the step-0 and final rows, the
     held-out success curve and the milestone reward paid per step. Saved to ``--hier-dir`` when given."""
     every = {"eval": {"every": budget["eval_every"] or max(1, budget["steps"] // 10)}}
-    shaping = budget["flat_progress"] if side == "flat" else budget.get("hier_progress", 0.0)
+    shaping = budget["flat_progress"] if side == "flat" else budget["hier_progress"]
     env = {"env": {"max_turns": max_turns, "progress_reward": shaping}}
     start: dict[str, Any] = {}
     side_rows: dict[str, Any] = {}
