@@ -7,7 +7,9 @@ the same held-out tasks (``build.TaskSplit``'s evaluation tasks: distinct by tas
   (``bench/baselines.py``'s :func:`measure`);
 - ``base``: greedy evaluation of the untrained default model (the SFT run's step-0 evaluation, ``loop.evaluate``);
 - ``sft``: ``turnrl sft`` on oracle demonstrations of TRAINING tasks (``sft.demos=oracle``), then held-out eval;
-- ``sft_rl``: ``turnrl train`` started from the SFT checkpoint (``model.path=`` its model), then held-out eval;
+- ``sft_rl``: ``turnrl train`` started from the SFT checkpoint (``model.path=`` its model) on training tasks past the
+  demonstrated ones (``train.seed_start=`` ``SftRun.next_seed``: SFT has memorised those, so RL on them learns
+  nothing), then held-out eval;
 - ``demo_rl`` (``--demo-guided``): the same RL with the SFT demonstrations kept in the loss
   (``algo.demo_coef``, docs/demos.md): demonstration-guided RL against SFT-then-plain-RL from the same checkpoint;
 
@@ -15,8 +17,10 @@ each with its 95% Wilson interval over the distinct held-out tasks. The bench ch
 no demonstration's task key (recomputed from its seed by a training env) and no RL training task is a held-out key;
 a non-zero overlap stops it.
 
-Budget per env (``--minutes``, issue: 30): SFT runs ``--sft-steps`` steps (default: the recipe's ``sft.steps``),
-then RL gets the rest of the minutes (``train.max_minutes``, keeping the time of one evaluation for its last), so
+Budget per env (``--minutes``, issue: 30): SFT runs ``--sft-steps`` steps (default: the recipe's ``sft.steps``), or
+fewer if it reaches ``--sft-share`` of the minutes first (``sft.max_minutes``: an env whose demonstrations are long,
+like searchqa's full-context episodes, would otherwise spend the whole budget on SFT), then RL gets the rest of the
+minutes (``train.max_minutes``, keeping the time of one evaluation for its last), so
 ``minutes`` in the record is the wall time the env used, set-up and every evaluation included. ``--smoke`` is a tiny
 end-to-end budget (a few demonstrations, 2 SFT steps, 1 RL step, 4 held-out tasks) to show the bench runs.
 With ``--demo-guided`` the RL minutes are split equally between the plain and the demonstration-guided arm, so both
@@ -93,11 +97,13 @@ def demo_overlap(cfg, demos_file: Path) -> int:
     return len(demo_keys & {t.key for t in split.eval_tasks})
 
 
-def run_sft(env: str, args, run_root: Path):
-    """``turnrl sft`` on oracle demonstrations of training tasks; evaluates the base model first (``eval.at_start``)."""
+def run_sft(env: str, args, run_root: Path, minutes: float):
+    """``turnrl sft`` on oracle demonstrations of training tasks, for at most ``minutes`` (0: no limit); evaluates the
+    base model first (``eval.at_start``)."""
     from turnrl.sft import sft
 
-    cfg = env_config(env, args, ("sft.demos=oracle", "eval.at_start=true", f"log.run_dir={run_root}", f"log.name={env}-sft"))
+    cfg = env_config(env, args, ("sft.demos=oracle", "eval.at_start=true", f"sft.max_minutes={minutes:.2f}",
+                                 f"log.run_dir={run_root}", f"log.name={env}-sft"))
     result = sft(cfg)
     if overlap := demo_overlap(cfg, result.run_dir / "demos.jsonl"):
         raise SystemExit(f"{env}: {overlap} demonstrations are on held-out task keys; the comparison would not be held out")
@@ -131,17 +137,19 @@ def run_env(env: str, args) -> dict[str, Any]:
     cfg = env_config(env, args)
     fixed = measure(cfg, tokenizer=load_tokenizer(cfg.model.path))
     run_root = args.out / "runs"
-    s = run_sft(env, args, run_root)
+    sft_minutes = 0.0 if args.smoke else max(0.5, args.minutes * args.sft_share - (time.perf_counter() - t0) / 60)
+    s = run_sft(env, args, run_root, sft_minutes)
     gc.collect()
     spent = (time.perf_counter() - t0) / 60
     arms = 2 if args.demo_guided else 1
     rl_minutes = 0.0 if args.smoke else max(0.5, (args.minutes - spent) / arms - s.before["perf/eval_s"] / 60)
-    last, rl_dir, rl_tasks = run_rl(env, args, run_root, s.model_path, rl_minutes)
+    fresh = (f"train.seed_start={s.next_seed}",)  # RL on tasks the demonstrations did not show (SftRun.next_seed)
+    last, rl_dir, rl_tasks = run_rl(env, args, run_root, s.model_path, rl_minutes, fresh)
     rows = {"random": fixed["random"], "rule": fixed["rule"], "base": summary(s.before), "sft": summary(s.after),
             "sft_rl": summary(last), "oracle": fixed["oracle"]}
     run_dirs = [s.run_dir, rl_dir]
     if args.demo_guided:
-        demo = (f"algo.demo_coef={args.demo_coef}", f"algo.demo_file={s.run_dir / 'demos.jsonl'}")
+        demo = (*fresh, f"algo.demo_coef={args.demo_coef}", f"algo.demo_file={s.run_dir / 'demos.jsonl'}")
         demo_last, demo_dir, _ = run_rl(env, args, run_root, s.model_path, rl_minutes, demo, "demo-rl")
         rows["demo_rl"] = summary(demo_last)
         run_dirs.append(demo_dir)
@@ -152,7 +160,7 @@ def run_env(env: str, args) -> dict[str, Any]:
               "ci95_sft_rl": rows["sft_rl"]["ci95"], "minutes": (time.perf_counter() - t0) / 60,
               **({"demo_coef": args.demo_coef, "demo_rl_steps": int(demo_last["step"])} if args.demo_guided else {}),
               "env_id": cfg.env.id, "env_kwargs": cfg.env.kwargs, "recipe": ENVS[env][0], "demos": s.num_demos,
-              "held_out_keys_in_demos_or_rl": 0, "rl_train_tasks": rl_tasks, "sft_steps": cfg.sft.steps,
+              "held_out_keys_in_demos_or_rl": 0, "rl_train_tasks": rl_tasks, "rl_seed_start": s.next_seed, "sft_steps": s.steps,
               "rl_steps": int(last["step"]), "rl_minutes_budget": rl_minutes,
               "ci95": {k: r["ci95"] for k, r in rows.items()}, "valid": {k: r["valid"] for k, r in rows.items()}}
     if not args.keep:
@@ -222,6 +230,8 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=30.0, help="wall-time budget per env (SFT, then RL for the rest)")
     ap.add_argument("--smoke", action="store_true", help="the tiny end-to-end budget (module doc)")
     ap.add_argument("--sft-steps", type=int, default=0, help="SFT steps (default: the recipe's sft.steps)")
+    ap.add_argument("--sft-share", type=float, default=0.5,
+                    help="SFT stops at this share of --minutes (sft.max_minutes), so RL always gets time")
     ap.add_argument("--eval-tasks", type=int, default=0, help="held-out tasks (default: the recipe's eval.num_tasks; smoke 4)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_runs/agents"), help="per-env records and the runs")
     ap.add_argument("--resume", action="store_true", help="skip envs already in OUT/results.json")

@@ -127,13 +127,13 @@ def sft_arm(config: Path, overrides: list[str], run_root: Path, rl_steps: int) -
     run = sft(cfg, components=c)
     prompt_tokens = collector.take_stats().prompt_tokens / run.after["eval/num_tasks"]
     sft_row = {**summary(run.after), "prompt_tokens_per_episode": prompt_tokens, "demos": run.num_demos,
-               "sft_steps": cfg.sft.steps}
+               "sft_steps": run.steps}
     del c
     gc.collect()
     row = {**sft_row, "steps": 0}
     if rl_steps:
-        row = run_arm(config, [*overrides, f"model.path={run.model_path}", f"train.steps={rl_steps}",
-                               "eval.at_start=false"], run_root)
+        row = run_arm(config, [*overrides, f"model.path={run.model_path}", f"train.seed_start={run.next_seed}",
+                               f"train.steps={rl_steps}", "eval.at_start=false"], run_root)
     return {**row, "base": summary(base), "sft": sft_row, "seconds": time.perf_counter() - t0}
 
 

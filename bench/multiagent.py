@@ -170,6 +170,12 @@ def config(env_id: str, budget: dict[str, int], run_dir: str, overrides: dict[st
     return Config.model_validate(raw)
 
 
+def from_sft(run, extra: dict[str, Any]) -> dict[str, Any]:
+    """Overrides that start RL from SFT ``run``'s checkpoint, on training tasks past the demonstrated ones
+    (``SftRun.next_seed``), keeping ``extra``'s other ``train`` keys (they are merged per section, ``extra`` first)."""
+    return {"model": {"path": str(run.model_path)}, "train": {**extra.get("train", {}), "seed_start": run.next_seed}}
+
+
 def row(metrics: dict[str, float]) -> dict[str, Any]:
     return {"success": metrics["eval/success_rate"], "ci95": [metrics["eval/success_ci_low"], metrics["eval/success_ci_high"]],
             "distinct_tasks": int(metrics["eval/distinct_tasks"])}
@@ -221,7 +227,7 @@ def coop_runs(budget: dict[str, Any], tmp: str, extra: dict[str, Any]) -> tuple[
     if budget["sft"]:
         run = sft(config("relay-v0", budget, tmp, {"sft": {"steps": budget["sft"], "num_demos": 64}, **code, **extra}))
         rows["base"] = row(run.before)
-        start = {"model": {"path": str(run.model_path)}}
+        start = from_sft(run, extra)
         gc.collect()
     first = "sft" if budget["sft"] else "base"  # the arms' step-0 evaluation
     for arm, estimator in (("per_agent", "counterfactual"), ("shared", "team_grpo")):
@@ -258,7 +264,7 @@ def selfplay_arm(budget: dict[str, Any], tmp: str, extra: dict[str, Any], rng: r
     start: dict[str, Any] = {}
     if budget["sft"]:
         run = sft(config("nim-v0", budget, tmp, {"sft": {"steps": budget["sft"], "num_demos": 64}, **extra}))
-        start = {"model": {"path": str(run.model_path)}}
+        start = from_sft(run, extra)
         gc.collect()
     cfg = config("nim-v0", budget, tmp, {"multiagent": {"selfplay": True, "pool_size": 2, "league": budget["league"]},
                                          **extra, **start})
@@ -323,7 +329,7 @@ def hier_side(side: str, env_id: str, max_turns: int, budget: dict[str, Any], tm
     if budget["sft"]:  # evaluated before (the base row) and after (also the RL run's step 0) only
         run = sft(config(env_id, budget, tmp, {**env, "sft": {"steps": budget["sft"], "num_demos": 64}, "eval": {"every": 0},
                                                 **extra}))
-        side_rows["base"], start = row(run.before), {"model": {"path": str(run.model_path)}}
+        side_rows["base"], start = row(run.before), from_sft(run, extra)
         gc.collect()
     cfg = config(env_id, budget, tmp, {**env, **every, **extra, **start})
     first, side_rows["trained"], rows, c = trained(cfg)

@@ -68,6 +68,7 @@ def test_sft_checkpoint_is_where_rl_starts_and_demo_guided_rl_logs_its_nll(token
                              f"log.run_dir={tmp_path}", "log.name=sft"])
     run = sft(cfg, components=build(cfg, model=tiny_model, tokenizer=tokenizer))
     assert run.num_demos == 3 and run.before["eval/num_tasks"] == 2 and run.after["eval/num_tasks"] == 2
+    assert run.steps == 3 and run.next_seed == max(d.seed for d in _read(run.run_dir / "demos.jsonl")) + 1
     rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3] and "train/demo_nll" in rows[1]
 
@@ -84,6 +85,17 @@ def test_sft_checkpoint_is_where_rl_starts_and_demo_guided_rl_logs_its_nll(token
     assert step and step[0]["train/demo_nll"] > 0
 
 
+def test_sft_max_minutes_ends_the_run_after_the_step_it_passes_in_with_an_evaluation_and_a_checkpoint(
+        tokenizer, tiny_model, tmp_path):
+    cfg = load_config(None, [*TINY, "sft.steps=5", "sft.num_demos=2", "sft.max_minutes=1e-6", "eval.every=0",
+                             "eval.at_start=false", f"log.run_dir={tmp_path}", "log.name=sft"])
+    run = sft(cfg, components=build(cfg, model=tiny_model, tokenizer=tokenizer))
+    rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert run.steps == 1 and [r["step"] for r in rows] == [1] and rows[0]["eval/num_tasks"] == 2
+    assert run.after["eval/num_tasks"] == 2 and run.model_path == run.run_dir / "checkpoints" / "step_000001" / "model"
+    assert run.model_path.exists()
+
+
 def _read(path):
     from turnrl.agent.demos import read_demos
 
@@ -96,8 +108,10 @@ def test_turnrl_sft_end_to_end_on_a_tiny_model(tiny_model_dir, tmp_path, capsys)
     assert main(args) == 0
     out = capsys.readouterr().out
     ckpt = tmp_path / "runs" / "s" / "checkpoints" / "step_000002" / "model"
-    assert f"checkpoint: {ckpt}" in out and f"next: turnrl train model.path={ckpt}" in out
-    assert len((tmp_path / "runs" / "s" / "demos.jsonl").read_text().splitlines()) == 2
+    demos = [json.loads(line) for line in (tmp_path / "runs" / "s" / "demos.jsonl").read_text().splitlines()]
+    assert len(demos) == 2 and f"checkpoint: {ckpt}" in out
+    # RL starts past the demonstrated tasks: SFT has memorised them, so group-relative advantages there are zero
+    assert f"next: turnrl train model.path={ckpt} train.seed_start={max(d['seed'] for d in demos) + 1}" in out
     with pytest.raises(SystemExit):
         main(["sft", "--help"])
     assert "turnrl sft -c configs/sokoban_sft.yaml" in capsys.readouterr().out

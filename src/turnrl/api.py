@@ -162,8 +162,9 @@ def evaluate(config: ConfigSource = None, *overrides: str, checkpoint: str | os.
 def sft(config: ConfigSource = None, *overrides: str) -> SftRun:
     """Supervised fine-tuning on demonstrations, as ``turnrl sft [-c CONFIG] [OVERRIDES]`` runs it (``docs/demos.md``).
 
-    Returns a :class:`turnrl.sft.SftRun`: its ``model_path`` is what ``turnrl.train(config, f"model.path={...}")``
-    starts RL from; ``before`` / ``after`` are the held-out ``eval/*`` metrics around it.
+    Returns a :class:`turnrl.sft.SftRun`: its ``model_path`` is what ``turnrl.train(config, f"model.path={...}",
+    f"train.seed_start={run.next_seed}")`` starts RL from, on tasks past the demonstrated ones; ``before`` / ``after``
+    are the held-out ``eval/*`` metrics around it.
     """
     from turnrl.sft import sft as run_sft
 

@@ -96,7 +96,8 @@ def cmd_sft(args) -> int:
     if run.before or run.after:
         print(f"held-out success {_success(run.before)} -> {_success(run.after)}")
     print(f"{run.num_demos} demonstrations: {run.run_dir / 'demos.jsonl'}\ncheckpoint: {run.model_path}\n"
-          f"next: turnrl train {'-c ' + args.config + ' ' if args.config else ''}model.path={run.model_path}")
+          f"next: turnrl train {'-c ' + args.config + ' ' if args.config else ''}model.path={run.model_path} "
+          f"train.seed_start={run.next_seed}   # RL on tasks the demonstrations did not show")
     return 0
 
 

@@ -170,23 +170,31 @@ def load_demos(c: Components) -> tuple[list[Trajectory], str]:
 @dataclasses.dataclass(frozen=True)
 class SftRun:
     """What :func:`sft` did: the run directory, the checkpoint's model directory (``model.path`` for ``turnrl train``),
-    the number of demonstrations, and the held-out ``eval/*`` metrics before and after (empty when not measured)."""
+    the number of demonstrations, the held-out ``eval/*`` metrics before and after (empty when not measured), the
+    optimizer steps run (``sft.steps``, or fewer when ``sft.max_minutes`` ended it), and ``next_seed``: the
+    ``train.seed_start`` for RL from this checkpoint, one past the last demonstrated task's seed, so that RL starts on
+    tasks it was not shown (SFT may have memorised a demonstrated task; where every episode of a group succeeds, its
+    group-relative advantages are zero)."""
 
     run_dir: Path
     model_path: Path
     num_demos: int
     before: dict[str, float]
     after: dict[str, float]
+    steps: int
+    next_seed: int
 
 
 def sft(cfg: Config, components: Components | None = None, run_dir: Path | None = None) -> SftRun:
-    """Fine-tune on ``sft.demos`` demonstrations for ``sft.steps`` steps; returns the :class:`SftRun`.
+    """Fine-tune on ``sft.demos`` demonstrations for ``sft.steps`` steps (or until ``sft.max_minutes``); returns the
+    :class:`SftRun`.
 
     Writes ``RUN/demos.jsonl`` (what it trained on), ``RUN/metrics.jsonl`` (``train/demo_nll`` every step, ``eval/*``
     every ``eval.every`` steps and at the end) and ``RUN/checkpoints/step_N``.
     """
     if cfg.multiagent.policies != "shared":
         raise ConfigError("turnrl sft trains one policy on demonstrations, not one per role: set multiagent.policies=shared")
+    t_start = time.perf_counter()
     c = components or build(cfg)
     demos, source = load_demos(c)
     if not demos:
@@ -206,17 +214,25 @@ def sft(cfg: Config, components: Components | None = None, run_dir: Path | None 
         logger.log(0, before)
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
+    done = 0
     for step in range(cfg.sft.steps):
         metrics = c.learner.sft_update(demo_batch(samples, step, cfg.sft.batch_size))
         c.engine.sync_weights()
         done = step + 1
-        if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.sft.steps:
+        last = done == cfg.sft.steps or 0 < 60 * cfg.sft.max_minutes < time.perf_counter() - t_start
+        if (cfg.eval.every and done % cfg.eval.every == 0) or last:
             metrics.update(evaluate(c))
         metrics["perf/elapsed_s"] = time.perf_counter() - t0
         logger.log(done, metrics)
+        if last:
+            break
     logger.close()
-    ckpt = save(c, run_dir, cfg.sft.steps, monitor_state={})
-    return SftRun(run_dir, ckpt / "model", len(demos), before, {k: v for k, v in metrics.items() if k.startswith("eval/")})
+    if done < cfg.sft.steps:
+        print(f"sft: stopped after step {done} of {cfg.sft.steps}: sft.max_minutes={cfg.sft.max_minutes:g} passed",
+              file=sys.stderr)
+    ckpt = save(c, run_dir, done, monitor_state={})
+    return SftRun(run_dir, ckpt / "model", len(demos), before, {k: v for k, v in metrics.items() if k.startswith("eval/")},
+                  done, max(d.seed for d in demos) + 1)
 
 
 def _named(cfg: Config) -> Config:

@@ -21,6 +21,9 @@ class SftConfig(Section):
     num_demos: int = Field(64, ge=1, description="demonstrations (successful episodes, on distinct training tasks) to train on")
     attempts: int = Field(4, ge=1, description="sft.demos=sample: episodes sampled per task; the successful ones are kept")
     steps: int = Field(50, ge=1, description="SFT optimizer steps")
+    max_minutes: float = Field(0.0, ge=0.0, description="stop (then evaluate and checkpoint) after the step during which "
+                                                       "the SFT run's wall time (demonstrations and the first evaluation "
+                                                       "included) passed this many minutes; 0 = no limit")
     batch_size: int = Field(16, ge=1, description="training samples (turns under per_step, episodes under full) per step")
     lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate of SFT (train.* sets the rest of the optimizer)")
 
