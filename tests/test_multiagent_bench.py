@@ -37,3 +37,16 @@ def test_sides_saved_by_two_processes_are_read_back_and_a_missing_one_is_not_gue
     assert out["hier_steps_ratio"] == 8 / 20
     assert out["hier"]["flat_curve"][-1] == (20, 0.3) and out["hier"]["sft_hier"]["success"] == 0.0
     assert out["hier"]["random"]["success"] == 0.0 and "reached 0.300 at step 8" in out["hier"]["ratio_note"]
+
+
+def test_rl_from_an_sft_start_keeps_the_other_train_keys_and_starts_past_the_demonstrated_tasks(tmp_path):
+    from types import SimpleNamespace
+
+    bench = bench_module()
+    run = SimpleNamespace(model_path=tmp_path / "model", next_seed=166)
+    extra = {"train": {"threads": 1, "seed": 2}, "env": {"progress_reward": 0.2}}
+    start = bench.from_sft(run, extra)
+    assert start == {"model": {"path": str(tmp_path / "model")}, "train": {"threads": 1, "seed": 2, "seed_start": 166}}
+    cfg = bench.config("relay-v0", {"tasks": 2, "group": 2, "steps": 3, "eval_tasks": 4}, str(tmp_path), {**extra, **start})
+    assert (cfg.train.seed_start, cfg.train.threads, cfg.train.seed, cfg.train.steps) == (166, 1, 2, 3)
+    assert cfg.env.progress_reward == 0.2 and cfg.model.path == str(tmp_path / "model")
