@@ -8,8 +8,8 @@ the same held-out tasks (``build.TaskSplit``'s evaluation tasks: distinct by tas
 - ``base``: greedy evaluation of the untrained default model (the SFT run's step-0 evaluation, ``loop.evaluate``);
 - ``sft``: ``turnrl sft`` on oracle demonstrations of TRAINING tasks (``sft.demos=oracle``), then held-out eval;
 - ``sft_rl``: ``turnrl train`` started from the SFT checkpoint (``model.path=`` its model) on training tasks past the
-  demonstrated ones (``train.seed_start=`` ``SftRun.next_seed``: SFT has memorised those, so RL on them learns
-  nothing), then held-out eval;
+  demonstrated ones (``train.seed_start=`` ``SftRun.next_seed``: SFT may have memorised those, and a group whose
+  episodes all succeed has zero advantage), then held-out eval;
 - ``demo_rl`` (``--demo-guided``): the same RL with the SFT demonstrations kept in the loss
   (``algo.demo_coef``, docs/demos.md): demonstration-guided RL against SFT-then-plain-RL from the same checkpoint;
 
