@@ -5,7 +5,7 @@ import random
 import pytest
 
 from turnrl.envs import check_env, make
-from turnrl.envs.code import TEMPLATES, CodeEnv, extract_code, grade, make_task
+from turnrl.envs.code import TEMPLATES, CodeEnv, extract_code, grade, make_task, program_lines
 from turnrl.envs.sandbox import Limits
 
 
@@ -25,7 +25,7 @@ def test_same_seed_same_task_and_tests():
     assert a.task == b.task and len(a.task.inputs) == 8
 
 
-@pytest.mark.parametrize("template", ["second_largest", "mean_above", "chunk", "balanced", "caesar", "interleave", "gcd_list"])
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
 def test_gold_solutions_pass_their_own_tests_through_the_sandbox(template):
     # None, floats, nested lists, bools, strings and two-argument calls all survive the JSON round trip
     task = make_task(random.Random(3), template, 8)
@@ -159,8 +159,36 @@ def test_playable_by_hand():
 def test_task_key_is_the_program_not_its_test_inputs():
     env = make("code-v0")
     keys, inputs = {}, {}
-    for seed in (6, 10, 7):  # 6 and 10 both draw second_largest (no parameters) with other test inputs; 7 another
+    for seed in (10, 33, 7):  # 10 and 33 both draw second_largest with the same fallback, other test inputs; 7 another
         env.reset(seed=seed)
         keys[seed], inputs[seed] = env.task_key(), env.unwrapped.task.inputs
-    assert keys[6] == keys[10] and keys[6].startswith("second_largest:") and inputs[6] != inputs[10]
-    assert keys[7] != keys[6]
+    assert keys[10] == keys[33] and keys[10].startswith("second_largest:") and inputs[10] != inputs[33]
+    assert keys[7] != keys[10]
+
+
+def test_every_template_has_programs_left_for_training_after_the_held_out_split():
+    # A template with one program (no drawn parameters) puts that program in the held-out set the first time an
+    # evaluation seed draws it, and training then never sees the template: held-out success measured transfer to
+    # unseen problem types instead of learning (19 of 64 held-out tasks, before the templates drew parameters).
+    env = CodeEnv()
+    programs = {t: {make_task(random.Random(s), t, 1).solution for s in range(300)} for t in TEMPLATES}
+    assert min(len(p) for p in programs.values()) >= 8, {t: len(p) for t, p in programs.items() if len(p) < 8}
+    held, seed = set(), 1_000_000  # TaskSplit's evaluation set: the first 64 distinct keys from eval.seed_start
+    while len(held) < 64:
+        env.reset(seed=seed)
+        held.add(env.task_key())
+        seed += 1
+    trained = set()
+    for seed in range(2000):
+        env.reset(seed=seed)
+        if env.task_key() not in held:
+            trained.add(env.task.template)
+    assert trained == set(TEMPLATES)
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_a_templates_program_length_is_the_same_for_every_draw(template):
+    # max_lines (the difficulty) filters templates by program_lines, computed from one draw
+    lines = {sum(1 for line in make_task(random.Random(s), template, 1).solution.splitlines() if line.strip())
+             for s in range(60)}
+    assert lines == {program_lines(template)}

@@ -106,15 +106,16 @@ def _clamp_list(rng):
 @_template
 def _count_multiples(rng):
     k = rng.randint(2, 9)
-    src = f"def count_multiples(xs):\n    return sum(1 for x in xs if x % {k} == 0)\n"
+    op, words = rng.choice([("==", "divisible"), ("!=", "not divisible")])
+    src = f"def count_multiples(xs):\n    return sum(1 for x in xs if x % {k} {op} 0)\n"
     return ("count_multiples", "def count_multiples(xs: list[int]) -> int",
-            f"Return how many elements of xs are divisible by {k} (0 counts as divisible).", src,
+            f"Return how many elements of xs are {words} by {k} (0 is divisible by every number).", src,
             [(_ints(rng, -30, 30, (0, 10)),) for _ in range(8)])
 
 
 @_template
 def _rotate_left(rng):
-    k = rng.randint(1, 5)
+    k = rng.randint(1, 12)
     src = f"def rotate_left(xs):\n    if not xs:\n        return []\n    k = {k} % len(xs)\n    return xs[k:] + xs[:k]\n"
     return ("rotate_left", "def rotate_left(xs: list[int]) -> list[int]",
             f"Return xs rotated left by {k} positions (the first element moves to the end, {k} times); "
@@ -136,26 +137,30 @@ def _caesar(rng):
 @_template
 def _every_nth(rng):
     k = rng.randint(2, 4)
-    src = f"def every_nth(xs):\n    return xs[::{k}]\n"
+    start = rng.randint(0, 2)
+    src = f"def every_nth(xs):\n    return xs[{start}::{k}]\n"
     return ("every_nth", "def every_nth(xs: list[int]) -> list[int]",
-            f"Return the elements of xs at indices 0, {k}, {2 * k}, ... in order.", src,
+            f"Return the elements of xs at indices {start}, {start + k}, {start + 2 * k}, ... in order.", src,
             [(_ints(rng, 0, 50, (0, 10)),) for _ in range(8)])
 
 
 @_template
 def _running_max(rng):
-    src = "def running_max(xs):\n    out = []\n    for x in xs:\n        out.append(x if not out else max(out[-1], x))\n    return out\n"
+    floor = rng.randint(-10, 10)
+    src = (f"def running_max(xs):\n    out = []\n    for x in xs:\n        out.append(max(out[-1] if out else {floor}, x))\n"
+           "    return out\n")
     return ("running_max", "def running_max(xs: list[int]) -> list[int]",
-            "Return a list whose i-th element is the largest of xs[0], ..., xs[i].", src,
+            f"Return a list whose i-th element is the largest of {floor}, xs[0], ..., xs[i].", src,
             [(_ints(rng),) for _ in range(8)])
 
 
 @_template
 def _count_char(rng):
     c = rng.choice("aeiou")
-    src = f"def count_char(s):\n    return s.lower().count({c!r})\n"
-    return ("count_char", "def count_char(s: str) -> int",
-            f"Return how many times the letter {c!r} occurs in s, ignoring case.", src,
+    fold = rng.random() < 0.5
+    src = f"def count_char(s):\n    return s{'.lower()' if fold else ''}.count({c!r})\n"
+    how = f"{c!r} or {c.upper()!r}" if fold else f"lower-case {c!r} (not {c.upper()!r})"
+    return ("count_char", "def count_char(s: str) -> int", f"Return how many characters of s are {how}.", src,
             [(_word(rng, (0, 12), "aeiouxyAEIOU "),) for _ in range(8)])
 
 
@@ -172,7 +177,7 @@ def _fizz_word(rng):
 
 @_template
 def _digit_sum_base(rng):
-    b = rng.choice([2, 3, 5, 7, 8, 16])
+    b = rng.randint(2, 16)
     src = f"def digit_sum_base(n):\n    total = 0\n    while n:\n        total += n % {b}\n        n //= {b}\n    return total\n"
     return ("digit_sum_base", "def digit_sum_base(n: int) -> int",
             f"Return the sum of the digits of the non-negative integer n written in base {b}.", src,
@@ -191,45 +196,54 @@ def _pairs_with_sum(rng):
 
 @_template
 def _longest_run(rng):
-    src = ("def longest_run(xs):\n    best = cur = 0\n    for i, x in enumerate(xs):\n"
-           "        cur = cur + 1 if i and xs[i - 1] == x else 1\n        best = max(best, cur)\n    return best\n")
+    t = rng.randint(-5, 5)
+    src = ("def longest_run(xs):\n    best = cur = 0\n    for x in xs:\n"
+           f"        cur = cur + 1 if x > {t} else 0\n        best = max(best, cur)\n    return best\n")
     return ("longest_run", "def longest_run(xs: list[int]) -> int",
-            "Return the length of the longest run of equal consecutive elements of xs (0 for an empty list).", src,
-            [(_ints(rng, 0, 2, (0, 10)),) for _ in range(8)])
+            f"Return the length of the longest run of consecutive elements of xs that are all greater than {t} "
+            "(0 if there is none).", src, [(_ints(rng, -9, 9, (0, 10)),) for _ in range(8)])
 
 
 @_template
 def _dedupe(rng):
-    src = "def dedupe(xs):\n    seen, out = set(), []\n    for x in xs:\n        if x not in seen:\n            seen.add(x)\n            out.append(x)\n    return out\n"
+    lo = rng.randint(-5, 3)
+    src = ("def dedupe(xs):\n    seen, out = set(), []\n    for x in xs:\n"
+           f"        if x >= {lo} and x not in seen:\n            seen.add(x)\n            out.append(x)\n    return out\n")
     return ("dedupe", "def dedupe(xs: list[int]) -> list[int]",
-            "Return xs without repeated values, keeping the first occurrence of each, in order.", src,
-            [(_ints(rng, 0, 5, (0, 10)),) for _ in range(8)])
+            f"Return the elements of xs that are at least {lo}, without repeated values, keeping the first occurrence "
+            "of each, in order.", src, [(_ints(rng, -6, 6, (0, 10)),) for _ in range(8)])
 
 
 @_template
 def _top_k(rng):
-    k = rng.randint(1, 4)
-    src = f"def top_k(xs):\n    return sorted(xs, reverse=True)[:{k}]\n"
+    k = rng.randint(1, 5)
+    largest = rng.random() < 0.5
+    src = f"def top_k(xs):\n    return sorted(xs{', reverse=True' if largest else ''})[:{k}]\n"
+    which, order = ("largest", "descending") if largest else ("smallest", "ascending")
     return ("top_k", "def top_k(xs: list[int]) -> list[int]",
-            f"Return the {k} largest elements of xs in descending order (all of them if xs has fewer; "
+            f"Return the {k} {which} elements of xs in {order} order (all of them if xs has fewer; "
             "repeated values count separately).", src, [(_ints(rng, -9, 9, (0, 8)),) for _ in range(8)])
 
 
 @_template
 def _long_words(rng):
-    m = rng.randint(3, 5)
-    src = f"def long_words(s):\n    return [w for w in s.split() if len(w) >= {m}]\n"
+    m = rng.randint(2, 6)
+    op, words = rng.choice([(">=", "at least"), ("<=", "at most")])
+    src = f"def long_words(s):\n    return [w for w in s.split() if len(w) {op} {m}]\n"
     return ("long_words", "def long_words(s: str) -> list[str]",
-            f"Split s on whitespace and return the words with at least {m} characters, in order.", src,
+            f"Split s on whitespace and return the words with {words} {m} characters, in order.", src,
             [(" ".join(_word(rng, (1, 7)) for _ in range(rng.randint(0, 6))),) for _ in range(8)])
 
 
 @_template
 def _collatz_steps(rng):
-    src = "def collatz_steps(n):\n    steps = 0\n    while n != 1:\n        n = n // 2 if n % 2 == 0 else 3 * n + 1\n        steps += 1\n    return steps\n"
+    t = rng.randint(1, 10)
+    src = (f"def collatz_steps(n):\n    steps = 0\n    while n > {t}:\n        n = n // 2 if n % 2 == 0 else 3 * n + 1\n"
+           "        steps += 1\n    return steps\n")
     return ("collatz_steps", "def collatz_steps(n: int) -> int",
-            "For n >= 1, return how many steps the Collatz map (n // 2 if n is even, else 3 * n + 1) takes to reach 1.", src,
-            [(n,) for n in [1] + rng.sample(range(2, 200), 7)])
+            f"For n >= 1, return how many steps of the Collatz map (n // 2 if n is even, else 3 * n + 1) it takes to "
+            f"reach a value of at most {t} (0 if n is already at most {t}).", src,
+            [(n,) for n in [1, t + 1] + rng.sample(range(2, 200), 6)])
 
 
 @_template
@@ -242,16 +256,18 @@ def _poly(rng):
 
 @_template
 def _chunk(rng):
-    k = rng.randint(2, 4)
-    src = f"def chunk(xs):\n    return [xs[i:i + {k}] for i in range(0, len(xs), {k})]\n"
+    k = rng.randint(2, 6)
+    keep = rng.random() < 0.5
+    src = f"def chunk(xs):\n    return [xs[i:i + {k}] for i in range(0, len(xs){'' if keep else f' - {k} + 1'}, {k})]\n"
+    last = "the last one may be shorter" if keep else "a shorter last chunk is dropped"
     return ("chunk", "def chunk(xs: list[int]) -> list[list[int]]",
-            f"Split xs into consecutive chunks of {k} elements (the last one may be shorter); [] for an empty list.", src,
-            [(_ints(rng, 0, 9, (0, 10)),) for _ in range(8)])
+            f"Split xs into consecutive chunks of {k} elements ({last}); [] for an empty list.", src,
+            [(_ints(rng, 0, 9, (0, 12)),) for _ in range(8)])
 
 
 @_template
 def _replace_vowels(rng):
-    c = rng.choice("*#_-")
+    c = rng.choice("*#_-.+=~")
     src = f"def replace_vowels(s):\n    return ''.join({c!r} if ch in 'aeiouAEIOU' else ch for ch in s)\n"
     return ("replace_vowels", "def replace_vowels(s: str) -> str",
             f"Return s with every vowel (a, e, i, o, u, either case) replaced by {c!r}.", src,
@@ -260,15 +276,19 @@ def _replace_vowels(rng):
 
 @_template
 def _second_largest(rng):
-    src = "def second_largest(xs):\n    values = sorted(set(xs), reverse=True)\n    return values[1] if len(values) > 1 else None\n"
-    return ("second_largest", "def second_largest(xs: list[int]) -> int | None",
-            "Return the second largest distinct value of xs, or None if xs has fewer than two distinct values.", src,
-            [(_ints(rng, 0, 6, (0, 6)),) for _ in range(8)])
+    missing = None if rng.random() < 0.25 else rng.randint(-9, 9)
+    src = ("def second_largest(xs):\n    values = sorted(set(xs), reverse=True)\n"
+           f"    return values[1] if len(values) > 1 else {missing}\n")
+    returns = "int | None" if missing is None else "int"
+    return ("second_largest", f"def second_largest(xs: list[int]) -> {returns}",
+            f"Return the second largest distinct value of xs, or {missing} if xs has fewer than two distinct values.",
+            src, [(_ints(rng, 0, 6, (0, 6)),) for _ in range(8)])
 
 
 @_template
 def _balanced(rng):
-    pairs = rng.choice(["()", "()[]", "()[]{}"])
+    kinds = ["()", "[]", "{}", "<>"]
+    pairs = "".join(p for p in kinds if p in rng.sample(kinds, rng.randint(1, 3)))
     opens, closes = pairs[0::2], pairs[1::2]
     src = (f"def balanced(s):\n    stack = []\n    for ch in s:\n        if ch in {opens!r}:\n            stack.append(ch)\n"
            f"        elif ch in {closes!r}:\n            if not stack or {opens!r}[{closes!r}.index(ch)] != stack.pop():\n"
@@ -280,37 +300,48 @@ def _balanced(rng):
 
 @_template
 def _interleave(rng):
-    src = ("def interleave(a, b):\n    out = []\n    for i in range(max(len(a), len(b))):\n        if i < len(a):\n"
-           "            out.append(a[i])\n        if i < len(b):\n            out.append(b[i])\n    return out\n")
+    k = rng.randint(1, 4)
+    first, second = rng.choice([("a", "b"), ("b", "a")])
+    src = (f"def interleave(a, b):\n    out = []\n    for i in range(0, max(len(a), len(b)), {k}):\n"
+           f"        out += {first}[i:i + {k}]\n        out += {second}[i:i + {k}]\n    return out\n")
+    order = (f"{first}[0], {second}[0], {first}[1], {second}[1], ..." if k == 1 else
+             f"the first {k} elements of {first}, then the first {k} of {second}, then the next {k} of {first}, and so on")
     return ("interleave", "def interleave(a: list[int], b: list[int]) -> list[int]",
-            "Return a[0], b[0], a[1], b[1], ...; when one list runs out, the rest of the other follows.", src,
-            [(_ints(rng, 0, 9, (0, 4)), _ints(rng, 10, 19, (0, 4))) for _ in range(8)])
+            f"Return {order}; when one list runs out, the rest of the other follows.", src,
+            [(_ints(rng, 0, 9, (0, 6)), _ints(rng, 10, 19, (0, 6))) for _ in range(8)])
 
 
 @_template
 def _gcd_list(rng):
-    src = "import math\n\ndef gcd_list(xs):\n    g = 0\n    for x in xs:\n        g = math.gcd(g, x)\n    return g\n"
+    start = rng.choice([0, 12, 18, 20, 24, 30, 36, 40, 42, 48, 60])
+    src = f"import math\n\ndef gcd_list(xs):\n    g = {start}\n    for x in xs:\n        g = math.gcd(g, x)\n    return g\n"
+    what = ("the positive integers in xs (0 for an empty list)" if start == 0 else
+            f"{start} and the positive integers in xs ({start} for an empty list)")
     k = rng.randint(2, 6)
-    return ("gcd_list", "def gcd_list(xs: list[int]) -> int",
-            "Return the greatest common divisor of the positive integers in xs (0 for an empty list).", src,
+    return ("gcd_list", "def gcd_list(xs: list[int]) -> int", f"Return the greatest common divisor of {what}.", src,
             [([k * rng.randint(1, 12) for _ in range(rng.randint(0, 5))],) for _ in range(8)])
 
 
 @_template
 def _run_length(rng):
-    sep = rng.choice(["", ":"])
+    sep = rng.choice(["", ":", "-", "="])
+    count_first = rng.random() < 0.5
+    piece = "str(j - i) + {sep!r} + s[i]" if count_first else "s[i] + {sep!r} + str(j - i)"
     src = (f"def run_length(s):\n    out = []\n    i = 0\n    while i < len(s):\n        j = i\n"
-           f"        while j < len(s) and s[j] == s[i]:\n            j += 1\n        out.append(s[i] + {sep!r} + str(j - i))\n"
+           f"        while j < len(s) and s[j] == s[i]:\n            j += 1\n        out.append({piece.format(sep=sep)})\n"
            "        i = j\n    return ''.join(out)\n")
-    example = "a" + sep + "3b" + sep + "1"
+    if count_first:
+        parts, example = f"the run length, {sep!r} and the character", "3" + sep + "a1" + sep + "b"
+    else:
+        parts, example = f"the character, {sep!r} and the run length", "a" + sep + "3b" + sep + "1"
     return ("run_length", "def run_length(s: str) -> str",
-            f"Run-length encode s: each maximal run of one character becomes the character, {sep!r} and the run length "
+            f"Run-length encode s: each maximal run of one character becomes {parts} "
             f"(so 'aaab' -> {example!r}).", src, [(_word(rng, (0, 9), "aab"),) for _ in range(8)])
 
 
 @_template
 def _mean_above(rng):
-    t = rng.randint(-3, 5)
+    t = rng.randint(-5, 8)
     src = f"def mean_above(xs):\n    vals = [x for x in xs if x > {t}]\n    return sum(vals) / len(vals) if vals else 0.0\n"
     return ("mean_above", "def mean_above(xs: list[int]) -> float",
             f"Return the mean of the elements of xs greater than {t}, or 0.0 if there are none.", src,
