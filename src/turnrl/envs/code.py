@@ -3,9 +3,9 @@
 Each seed draws one task from a bank of templates (``TEMPLATES``: 24 function-writing problems such as
 clamping a list, a Caesar shift, counting pairs with a target sum, run-length encoding; ``max_lines``, the difficulty,
 keeps those whose gold program has at most that many non-blank lines, 2 to 10), with seeded
-parameters (the bounds, the shift, the target, ...; every template draws some, 8 to 99 distinct programs each, so a
-held-out set keyed by program leaves every template drawable in training) and seeded test inputs. The observation states the
-function's name, signature and behaviour, with the first ``num_visible`` tests as examples. The model
+parameters (the bounds, the shift, the target, ...; every template draws some, 8 to 99 distinct programs each,
+so a held-out set keyed by program leaves every template drawable in training) and seeded test inputs.
+The observation states the function's name, signature and behaviour, with the first ``num_visible`` tests as examples. The model
 answers with the function in a fenced code block (```` ```python ````; the last fenced block of the response
 counts). The submission and a test harness run in :func:`turnrl.envs.sandbox.run_python` (no network, no host
 files, CPU/memory/wall limits); each of the ``num_tests`` hidden tests calls the function on its inputs,
