@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from baselines import cell, held_out, measure, summary  # noqa: E402
 from learn_default import held_out_counts  # noqa: E402
-from machine import append_results, write_result  # noqa: E402
+from machine import append_results, commit, cpu_model, write_result  # noqa: E402
 
 #: env name -> (recipe under configs/, overrides that make it the issue's env). The ``*_sft.yaml`` recipes hold both
 #: halves; the others are the env's RL recipe with the default ``sft`` section (docs/demos.md).
@@ -162,11 +162,33 @@ def run_env(env: str, args) -> dict[str, Any]:
               "env_id": cfg.env.id, "env_kwargs": cfg.env.kwargs, "recipe": ENVS[env][0], "demos": s.num_demos,
               "held_out_keys_in_demos_or_rl": 0, "rl_train_tasks": rl_tasks, "rl_seed_start": s.next_seed, "sft_steps": s.steps,
               "rl_steps": int(last["step"]), "rl_minutes_budget": rl_minutes,
-              "ci95": {k: r["ci95"] for k, r in rows.items()}, "valid": {k: r["valid"] for k, r in rows.items()}}
+              "ci95": {k: r["ci95"] for k, r in rows.items()}, "valid": {k: r["valid"] for k, r in rows.items()},
+              "source": source()}
     if not args.keep:
         for run_dir in run_dirs:
             shutil.rmtree(run_dir)
     return record
+
+
+def source() -> dict[str, str]:
+    """Where a record comes from: this invocation's command, the date it finished, the commit and the CPU. A merged
+    agents.json (records of several runs, ``--resume`` over a hand-assembled results.json) keeps each one's own."""
+    return {"command": f"python bench/agents.py {shlex.join(sys.argv[1:])}", "date": time.strftime("%Y-%m-%d %H:%M"),
+            "commit": commit(), "cpu": cpu_model()}
+
+
+def provenance(records: list[dict[str, Any]]) -> list[str]:
+    """One line per record that another invocation produced (a merge), with its command, date, commit and CPU."""
+    here = source()["command"]
+    other = [r for r in records if r.get("source", {}).get("command", here) != here or "source" not in r]
+    if not other:
+        return []
+    lines = ["", "Records from other runs (merged):", ""]
+    for r in other:
+        src = r.get("source")
+        lines.append(f"- {r['env']}: " + (f"`{src['command']}` ({src['date']}, commit {src['commit']}, {src['cpu']})"
+                                          if src else "no source recorded (a record from before records carried one)"))
+    return lines
 
 
 def targets(records: list[dict[str, Any]]) -> list[tuple[str, bool, str]]:
@@ -216,6 +238,7 @@ def report(records: list[dict[str, Any]], args) -> str:
                      f"| {c['sft_rl']} | {c['oracle']} | {v['base']:.2f} / {v['sft']:.2f} / {v['sft_rl']:.2f} | {r['demos']} "
                      f"| {r['sft_steps']} | {r['rl_steps']} | {r['minutes']:.1f} |")
     lines += demo_table([r for r in records if "demo_rl" in r])
+    lines += provenance(records)
     lines += ["", "Targets (issue 19):", ""]
     lines += [f"- {name}: **{'met' if met else 'not met'}** ({why})" for name, met, why in targets(records)]
     if args.smoke or args.minutes < 30 or len(ran) < len(ENVS):

@@ -64,3 +64,15 @@ def test_the_demo_table_compares_the_two_rl_arms_only_where_both_ran():
     row = lines[-1].split(" | ")
     assert row[0] == "| frozenlake_raw" and row[4] == "+0.150" and row[5] == "9 / 8"
     assert "same SFT checkpoint" in lines[1]
+
+
+def test_a_merge_names_each_records_own_run(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["bench/agents.py", "--resume", "--out", "/tmp/merged"])
+    mine = {"env": "code", "source": agents.source()}
+    other = {"env": "sokoban", "source": {"command": "python bench/agents.py --envs sokoban", "date": "2026-12-07 05:38",
+                                          "commit": "abd3fe1", "cpu": "AMD EPYC"}}
+    assert mine["source"]["command"] == "python bench/agents.py --resume --out /tmp/merged"
+    assert agents.provenance([mine]) == []
+    lines = agents.provenance([mine, other, {"env": "sql"}])
+    assert lines[-2] == "- sokoban: `python bench/agents.py --envs sokoban` (2026-12-07 05:38, commit abd3fe1, AMD EPYC)"
+    assert lines[-1].startswith("- sql: no source recorded")
