@@ -331,10 +331,8 @@ def _run_length(rng):
     src = (f"def run_length(s):\n    out = []\n    i = 0\n    while i < len(s):\n        j = i\n"
            f"        while j < len(s) and s[j] == s[i]:\n            j += 1\n        out.append({piece.format(sep=sep)})\n"
            "        i = j\n    return ''.join(out)\n")
-    if count_first:
-        parts, example = f"the run length, {sep!r} and the character", "3" + sep + "a1" + sep + "b"
-    else:
-        parts, example = f"the character, {sep!r} and the run length", "a" + sep + "3b" + sep + "1"
+    parts, example = ((f"the run length, {sep!r} and the character", f"3{sep}a1{sep}b") if count_first else
+                      (f"the character, {sep!r} and the run length", f"a{sep}3b{sep}1"))
     return ("run_length", "def run_length(s: str) -> str",
             f"Run-length encode s: each maximal run of one character becomes {parts} "
             f"(so 'aaab' -> {example!r}).", src, [(_word(rng, (0, 9), "aab"),) for _ in range(8)])
