@@ -180,7 +180,7 @@ def source() -> dict[str, str]:
 def provenance(records: list[dict[str, Any]]) -> list[str]:
     """One line per record that another invocation produced (a merge), with its command, date, commit and CPU."""
     here = source()["command"]
-    other = [r for r in records if r.get("source", {}).get("command", here) != here or "source" not in r]
+    other = [r for r in records if "source" not in r or r["source"]["command"] != here]
     if not other:
         return []
     lines = ["", "Records from other runs (merged):", ""]
