@@ -23,6 +23,8 @@ like searchqa's full-context episodes, would otherwise spend the whole budget on
 minutes (``train.max_minutes``, keeping the time of one evaluation for its last), so
 ``minutes`` in the record is the wall time the env used, set-up and every evaluation included. ``--smoke`` is a tiny
 end-to-end budget (a few demonstrations, 2 SFT steps, 1 RL step, 4 held-out tasks) to show the bench runs.
+``--rl KEY=VALUE`` (repeatable) overrides the RL part only: SFT, its demonstrations and the
+base model's evaluation stay the recipe's, so the RL arm differs from a plain run in that override alone.
 With ``--demo-guided`` the RL minutes are split equally between the plain and the demonstration-guided arm, so both
 start from the same checkpoint with the same wall time and the env still fits ``--minutes``.
 
@@ -143,7 +145,8 @@ def run_env(env: str, args) -> dict[str, Any]:
     spent = (time.perf_counter() - t0) / 60
     arms = 2 if args.demo_guided else 1
     rl_minutes = 0.0 if args.smoke else max(0.5, (args.minutes - spent) / arms - s.before["perf/eval_s"] / 60)
-    fresh = (f"train.seed_start={s.next_seed}",)  # RL on tasks the demonstrations did not show (SftRun.next_seed)
+    # RL on tasks the demonstrations did not show (SftRun.next_seed), with the RL part's own overrides (--rl)
+    fresh = (f"train.seed_start={s.next_seed}", *args.rl)
     last, rl_dir, rl_tasks = run_rl(env, args, run_root, s.model_path, rl_minutes, fresh)
     rows = {"random": fixed["random"], "rule": fixed["rule"], "base": summary(s.before), "sft": summary(s.after),
             "sft_rl": summary(last), "oracle": fixed["oracle"]}
@@ -161,7 +164,7 @@ def run_env(env: str, args) -> dict[str, Any]:
               **({"demo_coef": args.demo_coef, "demo_rl_steps": int(demo_last["step"])} if args.demo_guided else {}),
               "env_id": cfg.env.id, "env_kwargs": cfg.env.kwargs, "recipe": ENVS[env][0], "demos": s.num_demos,
               "held_out_keys_in_demos_or_rl": 0, "rl_train_tasks": rl_tasks, "rl_seed_start": s.next_seed, "sft_steps": s.steps,
-              "rl_steps": int(last["step"]), "rl_minutes_budget": rl_minutes,
+              "rl_steps": int(last["step"]), "rl_minutes_budget": rl_minutes, "rl_overrides": list(args.rl),
               "ci95": {k: r["ci95"] for k, r in rows.items()}, "valid": {k: r["valid"] for k, r in rows.items()},
               "source": source()}
     if not args.keep:
@@ -264,6 +267,9 @@ def main() -> int:
                          "minutes are split equally between the two arms")
     ap.add_argument("--demo-coef", type=float, default=0.1, help="algo.demo_coef of the --demo-guided arm")
     ap.add_argument("--no-write", action="store_true", help="print only: no bench/results file, no RESULTS.md section")
+    ap.add_argument("--rl", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for the RL part only (repeatable), e.g. a curriculum over the RL tasks: "
+                         "--rl curriculum.enabled=true --rl 'curriculum.levels=[{use: 2},{use: 4}]'")
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides for every run")
     args = ap.parse_args()
     if args.smoke and not args.eval_tasks:

@@ -76,3 +76,34 @@ def test_a_merge_names_each_records_own_run(monkeypatch):
     lines = agents.provenance([mine, other, {"env": "sql"}])
     assert lines[-2] == "- sokoban: `python bench/agents.py --envs sokoban` (2026-12-07 05:38, commit abd3fe1, AMD EPYC)"
     assert lines[-1].startswith("- sql: no source recorded")
+
+
+def test_rl_overrides_reach_the_rl_part_only(monkeypatch, tmp_path):
+    """``--rl`` changes the RL arm alone: SFT's config (its demonstrations, the base model's evaluation) stays the
+    recipe's, and the record says which overrides the RL arm ran with."""
+    row = {"eval/success_rate": 0.5, "eval/success_ci_low": 0.2, "eval/success_ci_high": 0.8, "eval/distinct_tasks": 4,
+           "eval/reward": 0.5, "eval/valid_action_rate": 1.0, "eval/turns": 3.0, "eval/response_truncated_rate": 0.0,
+           "perf/eval_s": 1.0, "step": 2}
+    seen: dict[str, object] = {}
+
+    def fake_sft(env, args, run_root, minutes):
+        seen["sft_cfg"] = agents.env_config(env, args)
+        return Namespace(before=row, after=row, next_seed=64, model_path=tmp_path, run_dir=tmp_path, num_demos=4, steps=2)
+
+    def fake_rl(env, args, run_root, model_path, minutes, extra=(), name="rl"):
+        seen["rl_extra"] = extra
+        return row, tmp_path, 8
+
+    fixed = agents.summary(row)
+    monkeypatch.setattr(agents, "measure", lambda cfg, tokenizer: dict.fromkeys(("random", "rule", "oracle"), fixed))
+    monkeypatch.setattr("turnrl.models.load_tokenizer", lambda path: None)
+    monkeypatch.setattr(agents, "run_sft", fake_sft)
+    monkeypatch.setattr(agents, "run_rl", fake_rl)
+    args = Namespace(**vars(SMOKE), rl=["curriculum.enabled=true", "curriculum.levels=[{use: 2},{use: 4}]"],
+                     out=tmp_path, minutes=30.0, sft_share=0.5, demo_guided=False, keep=True)
+    record = agents.run_env("countdown", args)
+    assert seen["rl_extra"] == ("train.seed_start=64", *args.rl)
+    assert not seen["sft_cfg"].curriculum.enabled
+    assert record["rl_overrides"] == args.rl and record["rl_seed_start"] == 64
+    cfg = agents.env_config("countdown", SMOKE, seen["rl_extra"])
+    assert cfg.curriculum.enabled and cfg.curriculum.level_kwargs() == [{"use": 2}, {"use": 4}]
