@@ -90,12 +90,25 @@ def env_config(env: str, args, extra: tuple[str, ...] = ()):
 
 def demo_overlap(cfg, demos_file: Path) -> int:
     """Held-out task keys among the demonstrations of ``demos_file``, each key recomputed from its seed by a training
-    env (as ``TaskSplit.training_only`` does; the file's own key is not trusted)."""
-    from turnrl.build import task_keys
+    env (as ``TaskSplit.training_only`` does; the file's own key is not trusted). Under a curriculum
+    (``sft.demo_levels=all``) a demonstration's level is the one whose env gives its seed the file's key; a
+    demonstration no level reproduces stops the bench."""
+    from turnrl.build import env_factories, task_keys
+    from turnrl.rollout.curriculum import Curriculum
 
     split, _, _ = held_out(cfg)
-    seeds = [json.loads(line)["seed"] for line in demos_file.read_text().splitlines() if line.strip()]
-    demo_keys = {t.key for t in task_keys(split.train_envs, seeds)}
+    rows = [json.loads(line) for line in demos_file.read_text().splitlines() if line.strip()]
+    seeds = sorted({r["seed"] for r in rows})
+    curriculum = Curriculum.from_config(cfg)
+    levels = env_factories(cfg, curriculum=curriculum)[0].factories if curriculum else [split.train_envs]
+    keys = [{t.seed: t.key for t in task_keys(factory, seeds)} for factory in levels]
+    demo_keys = set()
+    for r in rows:
+        at = [k[r["seed"]] for k in keys if k[r["seed"]] == r["task_key"]] if curriculum else [keys[0][r["seed"]]]
+        if not at:
+            raise SystemExit(f"{demos_file}: the demonstration of seed {r['seed']} ({r['task_key']!r}) is no curriculum "
+                             "level's task for that seed")
+        demo_keys.add(at[0])
     return len(demo_keys & {t.key for t in split.eval_tasks})
 
 

@@ -8,6 +8,8 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -107,3 +109,22 @@ def test_rl_overrides_reach_the_rl_part_only(monkeypatch, tmp_path):
     assert record["rl_overrides"] == args.rl and record["rl_seed_start"] == 64
     cfg = agents.env_config("countdown", SMOKE, seen["rl_extra"])
     assert cfg.curriculum.enabled and cfg.curriculum.level_kwargs() == [{"use": 2}, {"use": 4}]
+
+
+def test_under_a_curriculum_each_demonstration_is_checked_at_its_own_level(tmp_path):
+    levels = ("curriculum.enabled=true", "curriculum.levels=[{num_numbers: 2},{num_numbers: 4}]", "sft.demo_levels=all")
+    cfg = agents.env_config("countdown", SMOKE, levels)
+    split, _, _ = held_out(cfg)
+    from turnrl.envs import make
+
+    two = [make("countdown-v0", num_numbers=2) for _ in range(3)]
+    rows = [{"seed": s, "task_key": env.reset(seed=s)[1]["task"]} for s, env in zip(range(3), two)]
+    held = split.eval_tasks[0]
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert agents.demo_overlap(cfg, demos) == 0
+    demos.write_text("".join(json.dumps(r) + "\n" for r in [*rows, {"seed": held.seed, "task_key": held.key}]))
+    assert agents.demo_overlap(cfg, demos) == 1  # a 4-number demonstration on a held-out puzzle
+    demos.write_text(json.dumps({"seed": 0, "task_key": "1 2 -> 3"}) + "\n")
+    with pytest.raises(SystemExit, match="no curriculum level's task"):
+        agents.demo_overlap(cfg, demos)

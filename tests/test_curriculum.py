@@ -143,3 +143,25 @@ def test_a_resumed_run_continues_at_the_checkpointed_level(tmp_path, tokenizer, 
     _train(tmp_path, tokenizer, "resumed", steps=1)  # level 0 solved: the checkpoint holds level 1
     run = _train(tmp_path, tokenizer, "resumed", steps=2, resume=True)
     assert [r["curriculum/level"] for r in read_metrics(run / "metrics.jsonl") if "curriculum/level" in r] == [0.0, 1.0]
+
+
+def test_sft_demonstrations_at_every_level_split_evenly_and_leave_the_level(tokenizer, tiny_model):
+    """``sft.demo_levels=all``: the oracle's demonstrations come from each level's training tasks in turn (3x3 then
+    4x4 maps here), ``num`` split evenly, none on a held-out map; the curriculum is back at its level afterwards.
+    Without a curriculum the setting is refused with the fix."""
+    from turnrl.sft import load_demos
+
+    cfg = load_config(None, ["model.autocast_bf16=false", "eval.num_tasks=4", "curriculum.enabled=true",
+                             "curriculum.param=size", "curriculum.levels=[3, 4]", "sft.demo_levels=all",
+                             "sft.num_demos=5"])
+    c = build(cfg, model=tiny_model, tokenizer=tokenizer)
+    demos, source = load_demos(c)
+    sizes = [len(d.task_key.split("/")) for d in demos]
+    assert source == "oracle" and sizes == [3, 3, 3, 4, 4] and all(d.success for d in demos)
+    assert len({d.task_key for d in demos}) == 5 and not {d.task_key for d in demos} & c.tasks.held_keys
+    assert c.curriculum.level == 0
+    start = load_config(None, ["curriculum.enabled=true", "curriculum.param=size", "curriculum.levels=[3, 4]",
+                               "sft.num_demos=2"])
+    assert {len(d.task_key.split("/")) for d in load_demos(build(start, model=tiny_model, tokenizer=tokenizer))[0]} == {3}
+    with pytest.raises(ConfigError, match="curriculum.enabled=true"):
+        load_config(None, ["sft.demo_levels=all"])

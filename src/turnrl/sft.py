@@ -148,13 +148,32 @@ def successes(c: Components, num: int, episodes: Callable[[list[int]], list[Traj
     return found[:num]
 
 
+def every_level(c: Components, num: int, draw: Callable[[int], list[Trajectory]]) -> list[Trajectory]:
+    """``sft.demo_levels=all``: ``draw(n)`` at each curriculum level in turn, easiest first, ``num`` split evenly (the
+    first ``num % levels`` levels take one more); the curriculum is left at the level it had."""
+    curriculum = c.curriculum
+    if curriculum is None:
+        raise ConfigError("sft.demo_levels=all needs curriculum.enabled=true")
+    start, n = curriculum.level, len(curriculum.levels)
+    found: list[Trajectory] = []
+    try:
+        for level in range(n):
+            curriculum.level = level  # the collector's envs and tasks follow it (LeveledEnvs, LeveledTasks)
+            found += draw(num // n + (level < num % n))
+    finally:
+        curriculum.level = start
+    return found
+
+
 def load_demos(c: Components) -> tuple[list[Trajectory], str]:
     """``sft.demos``'s demonstrations on training tasks and their source name; a file's held-out ones are dropped."""
     s = c.cfg.sft
-    if s.demos == "oracle":
-        return oracle_demos(c, s.num_demos), "oracle"
-    if s.demos == "sample":
-        return sampled_demos(c, s.num_demos, s.attempts), f"sample:{c.cfg.model.path}"
+    if s.demos in ("oracle", "sample"):
+        def draw(num: int) -> list[Trajectory]:
+            return oracle_demos(c, num) if s.demos == "oracle" else sampled_demos(c, num, s.attempts)
+
+        demos = every_level(c, s.num_demos, draw) if s.demo_levels == "all" else draw(s.num_demos)
+        return demos, "oracle" if s.demos == "oracle" else f"sample:{c.cfg.model.path}"
     path = Path(s.demo_file)
     demos = demos_from_run(path) if path.is_dir() else read_demos(path, len(c.tokenizer))
     other = {d.env_id for d in demos} - {c.cfg.env.id}

@@ -301,6 +301,9 @@ class Config(Section):
         if self.algo.demo_coef > 0 and not self.algo.demo_file:
             raise ValueError("algo.demo_coef > 0 needs demonstrations: set algo.demo_file=FILE.jsonl (`turnrl sft` writes "
                              "RUN/demos.jsonl; docs/demos.md)")
+        if self.sft.demo_levels == "all" and not self.curriculum.enabled:
+            raise ValueError("sft.demo_levels=all draws demonstrations at every curriculum level, and the curriculum is "
+                             "off: set curriculum.enabled=true with its levels (docs/curriculum.md), or sft.demo_levels=start")
         from turnrl.credit import estimator_flag, get_estimator
 
         needs_critic = estimator_flag(get_estimator(self.algo.estimator), "needs_critic")

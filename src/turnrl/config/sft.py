@@ -16,6 +16,11 @@ class SftConfig(Section):
         "recorded trajectories are taken), 'sample' (rejection sampling: the model's own successful episodes, "
         "sft.attempts per task); always on training tasks, never on held-out task keys"
     )
+    demo_levels: Literal["start", "all"] = Field(
+        "start", description="with curriculum.enabled, which levels the oracle and sampled demonstrations are drawn at: "
+        "'start' (curriculum.start's), 'all' (sft.num_demos split evenly over every level, easiest first), so SFT "
+        "shows the policy each difficulty RL will meet"
+    )
     demo_file: str = Field("", description="sft.demos=file: a demonstration JSONL (docs/demos.md) or a training run "
                                            "directory (its trajectories.jsonl)")
     num_demos: int = Field(64, ge=1, description="demonstrations (successful episodes, on distinct training tasks) to train on")
