@@ -25,14 +25,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what the platform says."""
+    """The CPU's model name (``/proc/cpuinfo``, else what the platform says) and its widest matmul instructions in
+    brackets: clouds report several generations under one name ("AMD EPYC" has been a Zen 3 with AVX2 only and a
+    Zen 4 with AVX-512 bf16 here), and which one ran decides bf16 or fp32 and the speed of every result."""
+    name, flags = "", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            if key.strip().lower() == "model name" and not name:
+                name = value.strip()
+            elif key.strip().lower() == "flags" and not flags:
+                flags = set(value.split())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    isa = next((f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags), "")
+    name = name or platform.processor() or platform.machine()
+    return f"{name} [{isa}]" if isa else name
 
 
 def timed(fn, seconds: float = 1.0, most: int = 20) -> float:

@@ -128,3 +128,21 @@ def test_under_a_curriculum_each_demonstration_is_checked_at_its_own_level(tmp_p
     demos.write_text(json.dumps({"seed": 0, "task_key": "1 2 -> 3"}) + "\n")
     with pytest.raises(SystemExit, match="no curriculum level's task"):
         agents.demo_overlap(cfg, demos)
+
+
+def test_the_cpu_names_its_matmul_instructions(monkeypatch, tmp_path):
+    """One model name covers machines of different speed ("AMD EPYC" was a Zen 3 and a Zen 4 here): the record says
+    which by the widest matmul instructions in the flags."""
+    import machine
+
+    cpuinfo = tmp_path / "cpuinfo"
+    real = Path
+
+    def fake(path, *a):
+        return real(cpuinfo) if str(path) == "/proc/cpuinfo" else real(path, *a)
+
+    monkeypatch.setattr(machine, "Path", fake)
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert machine.cpu_model() == "AMD EPYC [avx512_bf16]"
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 fma\n")
+    assert machine.cpu_model() == "AMD EPYC [avx2]"
