@@ -282,7 +282,7 @@ def main() -> int:
     ap.add_argument("--no-write", action="store_true", help="print only: no bench/results file, no RESULTS.md section")
     ap.add_argument("--rl", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for the RL part only (repeatable), e.g. a curriculum over the RL tasks: "
-                         "--rl curriculum.enabled=true --rl 'curriculum.levels=[{use: 2},{use: 4}]'")
+                         "--rl curriculum.enabled=true --rl 'curriculum.levels=[{num_numbers: 2},{num_numbers: 4}]'")
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides for every run")
     args = ap.parse_args()
     if args.smoke and not args.eval_tasks:

@@ -165,3 +165,6 @@ def test_sft_demonstrations_at_every_level_split_evenly_and_leave_the_level(toke
     assert {len(d.task_key.split("/")) for d in load_demos(build(start, model=tiny_model, tokenizer=tokenizer))[0]} == {3}
     with pytest.raises(ConfigError, match="curriculum.enabled=true"):
         load_config(None, ["sft.demo_levels=all"])
+    with pytest.raises(ConfigError, match="sft.demos=oracle"):
+        load_config(None, ["curriculum.enabled=true", "curriculum.param=size", "curriculum.levels=[3, 4]",
+                           "sft.demo_levels=all", "sft.demos=file", "sft.demo_file=demos.jsonl"])

@@ -304,6 +304,9 @@ class Config(Section):
         if self.sft.demo_levels == "all" and not self.curriculum.enabled:
             raise ValueError("sft.demo_levels=all draws demonstrations at every curriculum level, and the curriculum is "
                              "off: set curriculum.enabled=true with its levels (docs/curriculum.md), or sft.demo_levels=start")
+        if self.sft.demo_levels == "all" and self.sft.demos == "file":
+            raise ValueError("sft.demo_levels=all draws the oracle's or sampled demonstrations at every level; a file's "
+                             "are what it holds: set sft.demos=oracle (or sample), or sft.demo_levels=start")
         from turnrl.credit import estimator_flag, get_estimator
 
         needs_critic = estimator_flag(get_estimator(self.algo.estimator), "needs_critic")
