@@ -47,7 +47,8 @@ def main() -> int:
     cfg = load_config(ROOT / "configs" / "default.yaml")
     tok = load_tokenizer("default")
     base = load_model("default")
-    env_kwargs = dict(max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty, progress_reward=cfg.env.progress_reward)
+    env_kwargs = dict(max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty, progress_reward=cfg.env.progress_reward,
+                      reward=cfg.env.reward)
     sp = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=1.0)
     collector = Collector(HFEngine(base, tok, autocast_bf16=False, seed=0), tok, lambda: make(cfg.env.id, **env_kwargs), ContextSpec())
     groups = collector.collect(list(range(cfg.rollout.tasks_per_step)), cfg.rollout.group_size, sp)

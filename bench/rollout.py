@@ -183,7 +183,8 @@ def main() -> int:
     cfg = load_config(ROOT / "configs" / "default.yaml")
     tok = load_tokenizer(cfg.model.path)
     model = load_model(cfg.model.path)
-    env_kwargs = dict(max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty, progress_reward=cfg.env.progress_reward)
+    env_kwargs = dict(max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty, progress_reward=cfg.env.progress_reward,
+                      reward=cfg.env.reward)
     sp = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature)
     T, G = cfg.rollout.tasks_per_step, cfg.rollout.group_size
     dtype = args.dtype if args.dtype != "auto" else ("bf16" if use_bf16("auto") else "fp32")  # as a run would choose

@@ -160,6 +160,8 @@ def test_make_applies_the_multiagent_turn_limit_and_penalty():
     assert out.truncated == {"first": True, "second": True} and out.infos["second"]["truncation"] == "turns"
     with pytest.raises(ValueError, match="progress_reward=0"):
         make("relay-v0", progress_reward=0.2)
+    with pytest.raises(ValueError, match="env.reward=env"):
+        make("nim-v0", reward="success")
 
 
 def test_parse_message():

@@ -236,6 +236,18 @@ def test_train_seeds_are_disjoint_across_steps_and_rounds():
     assert again.train_tasks(4, 2) == tasks.train_tasks(4, 2)
 
 
+def test_env_reward_success_reaches_the_envs_the_run_builds():
+    from turnrl.build import env_factories
+
+    cfg = load_config(None, ["env.id=webshop-v0", "env.reward=success", "env.progress_reward=0", "env.invalid_penalty=0"])
+    env = env_factories(cfg)[0]()
+    env.reset(seed=6)
+    *_, info = env.step("click[Buy Now]")  # not on a product page: invalid, and no reward either way
+    assert info["reward_components"] == {"success": 0.0}
+    with pytest.raises(Exception, match="env.reward"):
+        load_config(None, ["env.reward=partial"])
+
+
 def test_checkpoints_keep_exactly_the_newest_n(tmp_path, tokenizer, tiny_model):
     from turnrl import checkpoint
 

@@ -112,6 +112,29 @@ def test_wrong_purchases_earn_partial_reward_with_named_components():
     assert sum(reward_components(goal, same_cat, goal.options).values()) == pytest.approx(0.5)
 
 
+def test_success_reward_pays_nothing_for_a_near_miss_and_one_for_the_target():
+    from turnrl.envs import make
+
+    env = make("webshop-v0", reward="success", invalid_penalty=0.1)
+    env.reset(seed=6)
+    goal = env.unwrapped.shop.goal
+    query = " ".join([goal.type, *goal.attributes])
+    _, r, term, _, info = _play(env, [f"search[{query}]", *env.unwrapped._via_results(query, 0), "click[Buy Now]"])
+    assert term and not info["success"] and r == 0.0 and info["env_reward"] == pytest.approx(3 / 5)
+    assert info["reward_components"] == {"success": 0.0}
+    env.reset(seed=6)
+    total = 0.0
+    for action in env.solve():
+        _, r, term, _, info = env.step(action)
+        total += r
+    assert term and info["success"] and r == 1.0 and total == 1.0
+    env.reset(seed=6)
+    _, r, _, _, info = env.step("no action here")
+    assert r == -0.1 and info["reward_components"] == {"success": 0.0, "invalid_penalty": -0.1}
+    with pytest.raises(ValueError, match="'env' keeps"):
+        make("webshop-v0", reward="partial")
+
+
 def test_reward_formula_on_a_hand_built_case():
     goal = Goal("B0T", "shoes", "boots", ("waterproof", "leather"), {"size": "9", "color": "brown"}, 50.0)
     boots = Product("B0T", "shoes", "boots", "Boots", ("waterproof", "rubber sole"), {"size": ("9",), "color": ("brown",)}, 55.0, "")

@@ -223,7 +223,7 @@ def env_factories(cfg: Config, experience: ExperienceLibrary | None = None, skil
     Each is tried once here (built and reset), so a bad id or keyword stops with a :class:`ConfigError`.
     """
     kwargs = dict(cfg.env.kwargs, max_turns=cfg.env.max_turns, invalid_penalty=cfg.env.invalid_penalty,
-                  progress_reward=cfg.env.progress_reward)
+                  progress_reward=cfg.env.progress_reward, reward=cfg.env.reward)
     if curriculum is not None:
         return _leveled_envs(cfg, kwargs, curriculum, experience, skills)
     envs = _tried(cfg.env.id, kwargs, cfg.train.seed_start, f"env.id={cfg.env.id!r} with env.kwargs={cfg.env.kwargs}")

@@ -44,6 +44,11 @@ class EnvConfig(Section):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the env constructor / wrappers")
     max_turns: int = Field(8, ge=1, description="turn limit per episode (truncation)")
     invalid_penalty: float = Field(0.1, ge=0.0, description="reward penalty for a turn with no valid action")
+    reward: Literal["env", "success"] = Field(
+        "env", description="'env': the env's own reward (e.g. WebShop's partial credit for a near miss); 'success': 1 "
+        "on the turn that solves the task, else 0, the binary verifiable reward (progress_reward and invalid_penalty "
+        "shaping still add; docs/envs.md)"
+    )
     progress_reward: float = Field(
         0.2, ge=0.0, description="dense shaping from the env's oracle per step of progress (0 = off; needs env.solve())"
     )

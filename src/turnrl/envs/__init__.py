@@ -12,7 +12,9 @@ from turnrl.envs import wrappers
 from turnrl.envs.base import Env
 from turnrl.envs.checker import EnvCheckError, check_env
 from turnrl.envs.registry import EnvLoadError, UnknownEnvError, make, register, registered, spec
-from turnrl.envs.wrappers import EpisodeStatistics, InvalidActionPenalty, OracleProgress, TurnLimit, Wrapper
+from turnrl.envs.wrappers import (
+    EpisodeStatistics, InvalidActionPenalty, OracleProgress, SuccessReward, TurnLimit, Wrapper,
+)
 
 register(
     "frozenlake-v0",
@@ -169,6 +171,6 @@ register(
 )
 
 __all__ = [
-    "Env", "EnvCheckError", "EnvLoadError", "EpisodeStatistics", "InvalidActionPenalty", "OracleProgress", "TurnLimit",
-    "UnknownEnvError", "Wrapper", "check_env", "make", "register", "registered", "spec", "wrappers",
+    "Env", "EnvCheckError", "EnvLoadError", "EpisodeStatistics", "InvalidActionPenalty", "OracleProgress",
+    "SuccessReward", "TurnLimit", "UnknownEnvError", "Wrapper", "check_env", "make", "register", "registered", "spec", "wrappers",
 ]

@@ -19,6 +19,7 @@ work without importing anything until then. ``turnrl init env NAME`` writes such
 wraps it with the standard wrappers, configured by the keywords that belong to them (the rest go to the
 env's constructor), innermost first:
 
+- ``reward="success"`` -> :class:`SuccessReward` (default ``"env"``: the env's own reward);
 - ``progress_reward`` -> :class:`OracleProgress` (default 0: not applied), unless the env's constructor takes
   ``progress_reward`` itself (the hierarchies shape the env they wrap, so planner and executor both get it);
 - ``invalid_penalty`` -> :class:`InvalidActionPenalty` (default 0: not applied);
@@ -39,10 +40,11 @@ from typing import Any
 
 from turnrl.envs.base import Env
 from turnrl.envs.multiagent import MultiAgentEnv, wrap as wrap_multiagent
-from turnrl.envs.wrappers import EpisodeStatistics, InvalidActionPenalty, OracleProgress, TurnLimit
+from turnrl.envs.wrappers import EpisodeStatistics, InvalidActionPenalty, OracleProgress, SuccessReward, TurnLimit
 
 DEFAULT_MAX_TURNS = 16
-WRAPPER_KWARGS = ("max_turns", "invalid_penalty", "progress_reward")
+WRAPPER_KWARGS = ("max_turns", "invalid_penalty", "progress_reward", "reward")
+REWARDS = ("env", "success")
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*-v\d+$")
 _ENTRY_POINT = re.compile(r"^[\w.]+:\w+$")
 ENTRY_POINT_GROUP = "turnrl.envs"
@@ -219,9 +221,18 @@ def make(env_id: str, **kwargs: Any) -> Env:
     if "progress_reward" in wrapper_kwargs and "progress_reward" in inspect.signature(factory).parameters:
         merged["progress_reward"] = wrapper_kwargs.pop("progress_reward")  # the env shapes itself
     _check_kwargs(env_id, factory, merged)
+    reward = wrapper_kwargs.pop("reward", "env")
+    if reward not in REWARDS:
+        raise ValueError(f"{env_id}: reward={reward!r} is not one of {REWARDS}; 'env' keeps the env's own reward, "
+                         "'success' pays 1 on success and 0 otherwise")
     env = factory(**merged)
     if isinstance(env, MultiAgentEnv):  # its own turn limit and penalty (envs/multiagent.py)
+        if reward != "env":
+            raise ValueError(f"{env_id} is multi-agent: reward='success' is single-agent only (each role has its own "
+                             "reward); set env.reward=env")
         return wrap_multiagent(env, int(wrapper_kwargs.pop("max_turns", DEFAULT_MAX_TURNS)), **wrapper_kwargs)
+    if reward == "success":
+        env = SuccessReward(env)
     if wrapper_kwargs.get("progress_reward"):
         env = OracleProgress(env, wrapper_kwargs["progress_reward"])
     if wrapper_kwargs.get("invalid_penalty"):

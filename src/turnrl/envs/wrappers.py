@@ -141,6 +141,22 @@ class InvalidActionPenalty(Wrapper):
         return observation, reward, terminated, truncated, info
 
 
+class SuccessReward(Wrapper):
+    """The binary verifiable reward: 1.0 on the turn whose ``info["success"]`` is True, else 0.0.
+
+    It replaces the env's own reward (WebShop's partial credit for a near-miss purchase, a sandbox's share of tests
+    passed), so a policy cannot collect reward without solving the task. The env's components become the one
+    component ``"success"``; what the env would have paid stays readable as ``info["env_reward"]``. Applied innermost,
+    so ``progress_reward`` and ``invalid_penalty`` shaping still add their own components on top.
+    """
+
+    def on_step(self, observation: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> StepResult:
+        info["env_reward"] = reward
+        reward = 1.0 if info["success"] else 0.0
+        info["reward_components"] = {"success": reward}
+        return observation, reward, terminated, truncated, info
+
+
 class OracleProgress(Wrapper):
     """Dense shaping from the env's oracle: ``weight * (d_before - d_after)`` per turn (component ``"progress"``).
 
