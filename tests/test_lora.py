@@ -44,6 +44,60 @@ def _split(model):
     return ({n: p for n, p in params.items() if "lora_" not in n}, {n: p for n, p in params.items() if "lora_" in n})
 
 
+def _peft_forward(model):
+    """A copy of ``model`` whose adapted layers run peft's own forward instead of turnrl's fused one."""
+    import copy
+
+    from peft.tuners.lora import Linear
+
+    ref = copy.deepcopy(model)
+    for module in ref.modules():
+        if isinstance(module, Linear):
+            module.__class__ = Linear
+    return ref
+
+
+def _logits_and_grads(model, ids, bf16):
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(ids).logits
+    logits.float().square().mean().backward()
+    return logits.detach().float(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_the_fused_adapter_forward_computes_peft_s_sum_and_gradients(tokenizer):
+    model = _lora_model(tokenizer)
+    _perturb_adapters(model, scale=0.05)
+    ref = _peft_forward(model)
+    assert type(model.model.layers[0].mlp.up_proj).__name__ == "FusedLoraLinear"
+    ids = torch.randint(0, 1000, (2, 17), generator=torch.Generator().manual_seed(0))
+    ours, ours_grads = _logits_and_grads(model, ids, bf16=False)
+    theirs, their_grads = _logits_and_grads(ref, ids, bf16=False)
+    assert torch.allclose(ours, theirs, atol=1e-5)
+    assert set(ours_grads) == set(their_grads) and all("lora_" in n for n in ours_grads)
+    for name, g in their_grads.items():
+        assert torch.allclose(ours_grads[name], g, rtol=1e-4, atol=1e-7), name
+    # under bf16 autocast: as close to the fp32 gradient as peft's own bf16 forward is
+    exact = their_grads
+    for candidate in (model, ref):
+        _, grads = _logits_and_grads(candidate, ids, bf16=True)
+        err = max(float((grads[n] - exact[n]).norm() / exact[n].norm()) for n in exact)
+        assert err < 0.2, (type(candidate), err)
+
+
+def test_the_frozen_weight_s_bf16_copy_follows_changes_to_the_weight(tokenizer):
+    model = _lora_model(tokenizer)
+    layer = model.model.layers[0].self_attn.q_proj
+    ids = torch.randint(0, 1000, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        before = model(ids).logits.float()
+        with torch.no_grad():
+            layer.base_layer.weight.mul_(3.0)  # in place, as loading a checkpoint does
+        after = model(ids).logits.float()
+    assert torch.equal(layer.base_layer._turnrl_bf16[1], layer.base_layer.weight.to(torch.bfloat16))
+    assert not torch.allclose(before, after)
+
+
 def test_an_update_changes_only_the_adapter_weights(tokenizer):
     model = _lora_model(tokenizer)
     cfg = load_config(None, ["model.autocast_bf16=false", "train.lr=1e-2"])

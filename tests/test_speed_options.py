@@ -74,6 +74,26 @@ def test_frozen_layers_get_no_gradient_and_the_rest_get_the_exact_one(tiny_model
     assert not any(id(p) in trained for p in decoder_layers(model)[0].parameters())  # no optimizer state either
 
 
+def test_frozen_layers_run_no_backward_when_the_batch_prefix_is_run_once(tiny_model):
+    """The batch's shared prefix (train.prefix_once) must not carry autograd into the frozen layers: their keys and
+    values are constants, and the rest's gradient is the one without the shared prefix."""
+    samples = _samples(n=6, prefix_len=24)
+    k = len(decoder_layers(tiny_model)) - 1
+    grads, with_autograd = {}, {}
+    for once in ("true", "false"):
+        model = copy.deepcopy(tiny_model)
+        freeze_lower_layers(model, k)
+        seen = with_autograd[once] = set()
+        for i, layer in enumerate(decoder_layers(model)):
+            layer.self_attn.register_forward_hook(
+                lambda mod, args, out, i=i: seen.add(i) if out[0].requires_grad else None)
+        grads[once] = _grads(model, samples, _params(micro_batch_tokens=64, prefix_once=once))
+    assert with_autograd["true"] == with_autograd["false"] == {k}
+    assert set(grads["true"]) == set(grads["false"])
+    for n, g in grads["false"].items():
+        assert torch.allclose(grads["true"][n], g, atol=1e-6, rtol=1e-4), n
+
+
 def test_freeze_layers_beyond_the_model_is_refused_with_the_fix(tiny_model):
     n = len(decoder_layers(tiny_model))
     with pytest.raises(FreezeError, match=f"at most {n}"):

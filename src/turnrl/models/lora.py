@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -86,11 +88,66 @@ def load_lora(model, directory: str | Path):
 
 def _inject(model, peft_cfg):
     from peft import inject_adapter_in_model
+    from peft.tuners.lora import Linear
 
     if not isinstance(peft_cfg.target_modules, str):  # a regex (peft's adapter files allow one) is peft's to match
         _check_targets(model, sorted(peft_cfg.target_modules))
     inject_adapter_in_model(peft_cfg, model)
+    for module in model.modules():
+        if type(module) is Linear:
+            module.__class__ = _fused_linear_class()
     return model
+
+
+@functools.cache
+def _fused_linear_class() -> type:
+    """peft's LoRA ``Linear`` with :func:`_fused_forward` as its forward (built on first use: peft is optional)."""
+    from peft.tuners.lora import Linear
+
+    return type("FusedLoraLinear", (Linear,), {"forward": _fused_forward, "peft_forward": Linear.forward,
+                                               "__module__": __name__})
+
+
+def _fused_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``W x + s B (A x)`` as one base matmul, one rank-r matmul and one in-place ``addmm_``, in the input's dtype.
+
+    peft's own forward computes the same sum in more passes over the output: under bf16 autocast it casts the
+    input to fp32 and autocast casts it back for ``A``, then ``B``'s output is scaled and added as two more full-size
+    tensors, and autocast casts the frozen ``W`` anew at every call (it caches only trainable leaves). Here ``W``'s
+    bf16 copy is made once (:func:`_bf16_weight`) and the adapter's product is added into the base output by the
+    matmul itself. The same sum up to rounding (the scale applied inside the product; tested against peft's forward).
+    Anything else (dropout, several adapters, merged or disabled adapters, DoRA, peft's extra arguments) runs
+    peft's forward.
+    """
+    names = self.active_adapters
+    if (args or kwargs or self.disable_adapters or self.merged or len(names) != 1 or names[0] not in self.lora_A
+            or names[0] in self.lora_variant or not isinstance(self.lora_dropout[names[0]], torch.nn.Identity)):
+        return self.peft_forward(x, *args, **kwargs)
+    name = names[0]
+    base = self.base_layer
+    weight = base.weight
+    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+        x = x.to(torch.bfloat16)
+        if not weight.requires_grad:
+            weight = _bf16_weight(base)
+    rows = x.reshape(-1, x.shape[-1])  # 2-D, so the in-place add below is on the matmul's own output, not a view
+    y = F.linear(rows, weight, base.bias)
+    xa = F.linear(rows, self.lora_A[name].weight)
+    y.addmm_(xa, self.lora_B[name].weight.to(y.dtype).t(), alpha=self.scaling[name])
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _bf16_weight(linear: torch.nn.Linear) -> torch.Tensor:
+    """A frozen linear layer's weight in bf16, made once and kept on the layer (remade if the weight is replaced or
+    changed in place, e.g. by loading a checkpoint). The rounding autocast would apply at each call, done once."""
+    weight = linear.weight
+    key = (weight.data_ptr(), weight._version, weight.dtype, weight.shape)
+    cached = getattr(linear, "_turnrl_bf16", None)
+    if cached is None or cached[0] != key:
+        with torch.no_grad():
+            cached = (key, weight.detach().to(torch.bfloat16))
+        linear._turnrl_bf16 = cached
+    return cached[1]
 
 
 def _check_targets(model, targets: list[str]) -> None:

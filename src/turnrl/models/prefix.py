@@ -94,7 +94,13 @@ class _PrefixCut(torch.autograd.Function):
     @staticmethod
     def forward(ctx, stored: list[torch.Tensor], *cut: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.stored = stored  # a list, not tensor arguments: autograd does not see the prefix's graph from here
-        return tuple(t.view_as(t) for t in cut)
+        out = tuple(t.view_as(t) for t in cut)
+        # A function's outputs all require a gradient if one input does: the keys and values of frozen layers
+        # (train.freeze_layers) would then carry autograd into those layers' attention in every micro-batch, and
+        # their whole backward would run for nothing. They stay constants.
+        ctx.mark_non_differentiable(*(o for o, needs in zip(out, ctx.needs_input_grad[1:]) if not needs))
+        ctx.set_materialize_grads(False)  # no zero gradients for the keys and values that got none
+        return out
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
