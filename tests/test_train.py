@@ -244,7 +244,9 @@ def test_env_reward_success_reaches_the_envs_the_run_builds():
     env.reset(seed=6)
     *_, info = env.step("click[Buy Now]")  # not on a product page: invalid, and no reward either way
     assert info["reward_components"] == {"success": 0.0}
-    with pytest.raises(Exception, match="env.reward"):
+    from turnrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="env.reward"):
         load_config(None, ["env.reward=partial"])
 
 
