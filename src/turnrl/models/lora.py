@@ -10,7 +10,8 @@ part that runs a causal LM (the engines, the learner's shared-prefix forward, th
 module adds around peft:
 
 - :func:`add_lora` / :func:`load_lora`: fresh adapters, or those of an adapter directory, with a check that every
-  target names a linear layer of the model (:class:`LoraError` listing the ones it has);
+  target names a linear layer of the model (:class:`LoraError` listing the ones it has); each adapted layer then runs
+  :func:`_fused_forward` (fewer passes over the output than peft's, the frozen weight cast to bf16 once);
 - :func:`adapter_disabled`: the base model, for the KL reference, without a second copy (what peft's
   ``PeftModel.disable_adapter()`` does, for a model without that wrapper);
 - :func:`merged_view`: the model as the native engine reads its weights, each adapted layer reading as one matrix
