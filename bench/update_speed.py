@@ -24,9 +24,6 @@ state is created then), then ``--updates`` timed ones on the same batch. Arms:
   the prefix the whole batch shares): what grouping by prompt saves (the same gradient, up to floating-point order);
 - ``prefix_each``: ``train.prefix_once=false``, the prompt prefix the whole batch shares run again in every micro-batch
   instead of once per update: what running it once saves (the same gradient);
-- ``cast_each``: ``train.cast_once=false``, every trained weight cast to bf16 again in each micro-batch's autocast
-  region instead of once per optimizer step: what casting once saves (the same gradient, bit for bit; under bf16
-  autocast only);
 - ``mb512`` / ``mb1024`` / ``mb2048``: ``train.micro_batch_tokens`` = 512 / 1024 / 2048 (the default is 512; it was
   2048 until 2026-12-06): the micro-batch budget, which sets the activation memory held at once (the same gradient,
   up to floating-point order).
@@ -88,7 +85,6 @@ ARMS = {
     "recompute_glibc_heap": ["train.activation_checkpointing=true", "train.heap_mmap_threshold_kb=0"],
     "one_group": ["train.group_by_prompt=false"],
     "prefix_each": ["train.prefix_once=false"],
-    "cast_each": ["train.cast_once=false"],
     "mb512": ["train.micro_batch_tokens=512"],
     "mb1024": ["train.micro_batch_tokens=1024"],
     "mb2048": ["train.micro_batch_tokens=2048"],

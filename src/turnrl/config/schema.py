@@ -190,9 +190,6 @@ class TrainConfig(Section):
     prefix_once: bool = Field(True, description="run the prompt prefix the whole batch shares once per update, its "
                               "gradient summed over the micro-batches (the same gradient; one process only, "
                               "docs/speed.md); false: once per micro-batch")
-    cast_once: bool = Field(True, description="under bf16 autocast, cast each trained weight to bf16 once per "
-                            "optimizer step, not once per micro-batch (the same gradient, bit for bit; docs/speed.md); "
-                            "false: autocast's own per-region cast")
     seed: int = Field(0, ge=0, lt=2**32, description="seed of every RNG (sampling, task order, init)")
     seed_start: int = Field(0, ge=0, description="first training task seed; tasks are seed_start, seed_start+1, ...")
     max_minutes: float = Field(0.0, ge=0.0, description="stop (and evaluate) after this wall time; 0 = no limit")

@@ -174,7 +174,6 @@ class LearnerParams:
     heap_mmap_threshold_kb: int | str = 0  # train.heap_mmap_threshold_kb (heap_mmap_threshold_kb() resolves "auto")
     group_by_prompt: bool = True  # micro-batches packed per prompt group (samples.prefix_groups)
     prefix_once: bool = True  # the prefix the whole batch shares runs once per update (models.prefix.BatchPrefix)
-    cast_once: bool = True  # under bf16 autocast, each trained weight cast once per optimizer step (Learner._cast_once)
 
     @classmethod
     def from_config(cls, cfg: Config) -> "LearnerParams":
@@ -188,7 +187,7 @@ class LearnerParams:
             norm_len=float(cfg.env.max_turns * cfg.rollout.max_new_tokens), vf_coef=a.vf_coef, demo_coef=a.demo_coef,
             is_correction=a.is_correction, is_level=a.is_level, is_cap=a.is_cap, prompt_grad=t.prompt_grad,
             fused_value=a.fused_value, heap_mmap_threshold_kb=t.heap_mmap_threshold_kb, group_by_prompt=t.group_by_prompt,
-            prefix_once=t.prefix_once, cast_once=t.cast_once,
+            prefix_once=t.prefix_once,
         )
 
 
@@ -299,8 +298,7 @@ class Learner:
         groups += critic.joint_param_groups() if critic is not None else []
         # fused: one kernel per parameter, where the default foreach AdamW allocates temporaries the size of every
         # parameter during the step (0.5 GB on the default model); the same update (tests/test_lean_memory.py)
-        self._sharded = any(_is_distributed(p) for g in groups for p in g["params"])
-        self._fused = _fused_adamw_supported() and not self._sharded
+        self._fused = _fused_adamw_supported() and not any(_is_distributed(p) for g in groups for p in g["params"])
         self.heap_mmap_threshold_kb = heap_mmap_threshold_kb(params.heap_mmap_threshold_kb, is_checkpointed(model))
         limit_heap_retention(self.heap_mmap_threshold_kb)
         self.optimizer = torch.optim.AdamW(groups, lr=params.lr, betas=tuple(params.betas), weight_decay=params.weight_decay,
@@ -315,23 +313,6 @@ class Learner:
         if self.params.autocast_bf16:
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
-
-    def _cast_once(self):
-        """Around one optimizer step's forward and backward passes: each trained weight is cast to bf16 once, not once
-        per micro-batch (``train.cast_once``).
-
-        Autocast casts an fp32 leaf that requires a gradient once per region and keeps the copy until the outermost
-        autocast region exits. Each micro-batch's forward is a region of its own (its backward runs outside
-        autocast), so each one cast every trained weight again: on the default model 135M weights read in fp32 and
-        written in bf16 per micro-batch. This region, with autocast *off*, encloses them: the cache then lives until
-        it exits, while everything outside the micro-batches' regions (the backward passes) still runs without
-        autocast. The weights change only at the optimizer step, after it, so every micro-batch reads the values it
-        would have cast itself: the same gradient, bit for bit (tests/test_speed_options.py). A sharded
-        (data-parallel) model keeps the per-region cast: its parameters are gathered and freed per forward.
-        """
-        if not (self.params.autocast_bf16 and self.params.cast_once) or self._sharded:
-            return contextlib.nullcontext()
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=False)
 
     def update(self, samples: Sequence[TrainSample], value_batch=None, demos: Sequence[TrainSample] = ()) -> dict[str, float]:
         """One optimizer step (per PPO epoch) over ``samples``; returns train/* metrics.
@@ -362,21 +343,20 @@ class Learner:
                 self.critic.zero_grad()
             release_free_memory()  # the last gradient, and what collecting the batch left free in the heap
             stats = _Sums()
-            with self._cast_once():
-                self._shared = self._batch_prefix(samples, len(batches))
-                for mb in batches:
-                    self._policy_backward(collate(mb, self.pad_id), num_tokens, loss_seqs, stats, fused and fused.rows(mb))
-                    release_free_memory()  # the micro-batch's freed activations, before the next one allocates its own
-                if self._shared is not None:  # the prefix every micro-batch shared: its gradient, summed over them
-                    self._shared = self._shared.backward()
-                if demos:
-                    stats.maxima["demo_nll"] = self._demo_backward(demos, self.params.demo_coef)
-                if fused:
-                    stats.maxima.update(fused.means())
-                elif self.critic is not None and value_batch is not None:
-                    with self._autocast():
-                        # already batch means; the last epoch's values are logged
-                        stats.maxima.update(self.critic.backward_value_loss(value_batch, self.params.vf_coef))
+            self._shared = self._batch_prefix(samples, len(batches))
+            for mb in batches:
+                self._policy_backward(collate(mb, self.pad_id), num_tokens, loss_seqs, stats, fused and fused.rows(mb))
+                release_free_memory()  # the micro-batch's freed activations, before the next one allocates its own
+            if self._shared is not None:  # the prefix every micro-batch shared: its gradient, summed over them
+                self._shared = self._shared.backward()
+            if demos:
+                stats.maxima["demo_nll"] = self._demo_backward(demos, self.params.demo_coef)
+            if fused:
+                stats.maxima.update(fused.means())
+            elif self.critic is not None and value_batch is not None:
+                with self._autocast():
+                    # already batch means; the last epoch's values are logged
+                    stats.maxima.update(self.critic.backward_value_loss(value_batch, self.params.vf_coef))
             grad_norm = self._step(stats)
         release_free_memory()
         metrics = {"train/loss": stats.sums.pop("loss", 0.0)}  # 0 when only the critic had something to train on
@@ -477,8 +457,7 @@ class Learner:
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        with self._cast_once():
-            nll = self._demo_backward(samples, 1.0)
+        nll = self._demo_backward(samples, 1.0)
         grad_norm = self._step(_Sums())
         release_free_memory()
         return {"train/demo_nll": nll, "train/grad_norm": grad_norm, "train/lr": self.scheduler.get_last_lr()[0],
