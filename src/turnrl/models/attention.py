@@ -9,7 +9,7 @@ the same attention, computed 2.6x faster on that shape (output equal, gradients 
 
 In bf16 (under autocast) the gradient comes from :class:`_MatmulBackward`: the forward is the same flash kernel,
 and the backward recomputes the attention probabilities with one matmul and forms the gradients with four more.
-torch's CPU flash backward in bf16 ran 2.5-5x slower than that on the default recipe's shapes, and took 17% of an
+torch's CPU flash backward in bf16 ran 1.3-3.2x slower than that on the default recipe's shapes, and took 17% of an
 update (bench/RESULTS.md, 2026-12-07 "Attention's backward in bf16"); its fp32 backward is not slow, and fp32 keeps it.
 
 Every other case (a GPU, one query token, no mask, no grouping, a position bias) goes to transformers' own ``sdpa``.
