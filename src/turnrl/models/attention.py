@@ -41,9 +41,9 @@ def grouped_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Te
                                       is_causal=is_causal, **kwargs)
     low = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype
     trained = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
-    if (MATMUL_BACKWARD and trained and dropout == 0.0 and low in (torch.bfloat16, torch.float16)
-            and attention_mask.is_floating_point()):
-        q, k, v, mask = (t.to(low) for t in (query, key, value, attention_mask))  # what autocast would pass the kernel
+    if MATMUL_BACKWARD and trained and dropout == 0.0 and low in (torch.bfloat16, torch.float16):
+        q, k, v = (t.to(low) for t in (query, key, value))  # what autocast would pass the kernel
+        mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask.to(low)
         with torch.autocast("cpu", enabled=False):
             out = _MatmulBackward.apply(q, k, v, mask, scaling)
     else:
@@ -64,8 +64,9 @@ class _MatmulBackward(torch.autograd.Function):
 
         dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(dO * O)),   dQ = c dS K,   dK = c dS^T Q
 
-    with the matmuls in the inputs' dtype (fp32 accumulation). It saves what the flash kernel saves (Q, K, V, O) and
-    the mask. Against an fp64 reference on the default recipe's shapes its gradients' relative error is 3.4-3.7e-3,
+    with the matmuls in the inputs' dtype (fp32 accumulation). A boolean mask (True where a query may attend) is
+    applied as -inf, and a query row with no key allowed gets zero probabilities, as the kernel gives it a zero output.
+    It saves what the flash kernel saves (Q, K, V, O) and the mask. Against an fp64 reference on the default recipe's shapes its gradients' relative error is 3.4-3.7e-3,
     the flash kernel's own 3.3-5.0e-3 (tests/test_lean_memory.py checks it against the kernel's).
     """
 
@@ -85,8 +86,12 @@ class _MatmulBackward(torch.autograd.Function):
         scale = ctx.scale if ctx.scale is not None else d ** -0.5
         qg = q.reshape(b, groups, g * n, d)
         m = mask[:, :, None] if mask.shape[1] == 1 else mask.expand(b, h, n, keys).reshape(b, groups, g, n, keys)
-        s = torch.matmul(qg.float(), k.float().transpose(-1, -2)).mul_(scale).view(b, groups, g, n, keys).add_(m)
-        p = torch.softmax(s, dim=-1).view(b, groups, g * n, keys)
+        s = torch.matmul(qg.float(), k.float().transpose(-1, -2)).mul_(scale).view(b, groups, g, n, keys)
+        if mask.dtype == torch.bool:  # True: may attend; a row with no key allowed is 0 in the kernel's output
+            p = torch.softmax(s.masked_fill_(~m, float("-inf")), dim=-1).nan_to_num_(0.0)
+        else:
+            p = torch.softmax(s.add_(m), dim=-1)
+        p = p.view(b, groups, g * n, keys)
         do = grad.reshape(b, groups, g * n, d).to(q.dtype)
         dv = torch.matmul(p.to(v.dtype).transpose(-1, -2), do)
         dp = torch.matmul(do, v.transpose(-1, -2)).float()
