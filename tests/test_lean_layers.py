@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from turnrl.models.lean import LeanEmbedding, LeanMLP, LeanRMSNorm, use_lean_layers
+from turnrl.models.lean import LeanEmbedding, LeanLinear, LeanMLP, LeanRMSNorm, use_lean_layers
 
 from tests.bench_modules import load_bench
 
@@ -81,6 +81,54 @@ def test_under_autocast_and_without_grad_the_logits_and_gradients_still_match():
         _assert_same(ref, lean, ids)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape, x_dtype", [((3, 5, 24), torch.float32), ((3, 5, 24), torch.bfloat16),
+                                            ((7, 24), torch.float32)])
+def test_a_linear_under_autocast_gives_autocasts_output_and_gradients_bit_for_bit(bias, shape, x_dtype):
+    torch.manual_seed(0)
+    ref = nn.Linear(24, 40, bias=bias)
+    lean = copy.deepcopy(ref)
+    lean.__class__ = LeanLinear
+    x = torch.randn(shape).to(x_dtype)
+    dy = torch.randn(*shape[:-1], 40).bfloat16()
+    results = []
+    for layer in (ref, lean):
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = layer(xi)
+        y.backward(dy)
+        results.append((y, xi.grad, *(p.grad for p in layer.parameters())))
+        layer.zero_grad(set_to_none=True)
+    for a, b in zip(*results, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_a_linear_under_autocast_keeps_its_fp32_weight_not_a_bf16_copy():
+    """What autograd saves for the backward of one projection under autocast: transformers' ``nn.Linear`` keeps a bf16
+    copy of its weight (the shape of the weight, new memory); the lean one keeps the parameter itself."""
+    torch.manual_seed(0)
+    ref = nn.Linear(24, 40, bias=False)
+    lean = copy.deepcopy(ref)
+    lean.__class__ = LeanLinear
+    x = torch.randn(2, 5, 24, requires_grad=True)
+
+    def saved(layer):
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                layer(x)
+        return kept
+
+    copies = [t for t in saved(ref) if t.numel() == ref.weight.numel()]  # the copy's transpose, as mm saves it
+    assert copies and all(t.dtype == torch.bfloat16 for t in copies)
+    weights = [t for t in saved(lean) if t.numel() == lean.weight.numel()]
+    assert len(weights) == 1 and weights[0] is lean.weight
+    # outside autocast, without a gradient or with a frozen weight: the plain layer
+    lean.weight.requires_grad_(False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert lean(x).grad_fn.name() != "_CastLinearBackward"
+
+
 def test_the_backward_keeps_under_seven_tenths_of_what_transformers_modules_keep():
     ref = _llama()
     lean = use_lean_layers(copy.deepcopy(ref))
@@ -141,6 +189,7 @@ def test_only_known_modules_are_replaced_and_the_model_pickles():
 
 def test_models_turnrl_builds_use_the_lean_layers(tiny_model):
     assert isinstance(tiny_model.model.layers[0].mlp, LeanMLP)
+    assert type(tiny_model.model.layers[0].self_attn.q_proj) is LeanLinear and type(tiny_model.lm_head) is LeanLinear
     assert isinstance(tiny_model.model.layers[0].post_attention_layernorm, LeanRMSNorm)
 
 
@@ -165,3 +214,24 @@ def test_the_norm_alone_matches_transformers_in_each_dtype(dtype):
     tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     torch.testing.assert_close(outs[1][1], outs[0][1], **tol)
     torch.testing.assert_close(outs[1][2], outs[0][2], **tol)
+
+
+def test_a_bf16_learner_update_through_the_lean_linears_is_autocasts_bit_for_bit(tiny_model):
+    """A whole update in bf16, several micro-batches and the batch's prefix run once (whose graph lives until the
+    update's end): the lean linears change what the backward keeps, not one bit of the gradient."""
+    from tests.test_learner import _samples
+    from tests.test_speed_options import _grads
+    from turnrl.config import load_config
+    from turnrl.learner import LearnerParams
+
+    params = LearnerParams.from_config(load_config(overrides=["model.autocast_bf16=true", "algo.estimator=grpo",
+                                                              "train.micro_batch_tokens=64"]))
+    samples = _samples(n=6, prefix_len=24)
+    model, plain = copy.deepcopy(tiny_model), copy.deepcopy(tiny_model)
+    for module in plain.modules():
+        if type(module) is LeanLinear:
+            module.__class__ = nn.Linear
+    ours, reference = _grads(model, samples, params), _grads(plain, samples, params)
+    assert set(ours) == set(reference) and len(ours) > 10
+    for name, g in reference.items():
+        assert torch.equal(ours[name], g), name

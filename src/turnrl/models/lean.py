@@ -30,6 +30,11 @@ the weight trains and the lookup is a plain one (no ``max_norm``, ``scale_grad_b
 passes that take gradients functionally (``torch.autograd.grad``) would miss it, and turnrl runs none through the
 embedding.
 
+Under bf16 autocast every trained ``nn.Linear`` (:class:`LeanLinear`, the same module with its class changed) keeps
+its fp32 weight for the backward rather than the bf16 copy autocast made of it, and casts it again there
+(:class:`_CastLinear`): a micro-batch then holds no copy of the weights, nor does the update's shared prefix, whose
+graph lives until the update's end. Outputs and gradients are bit-for-bit autocast's.
+
 Only the modules whose forward is known to be exactly this are replaced (:data:`NORMS`, :data:`MLPS`: Llama,
 Mistral, Qwen2, Qwen3); others (Gemma's ``1 + weight`` norm, a GELU MLP) keep transformers' own. The replacements
 hold the same parameters under the same names, so state dicts, checkpoints and the engines' weight reads are
@@ -111,6 +116,49 @@ class _SwiGLU(torch.autograd.Function):
         return _swiglu_grads(dh, g, u, F.silu(g))
 
 
+class _CastLinear(torch.autograd.Function):
+    """``F.linear`` in a lower precision (autocast's bf16 linear), keeping the parameter, not its low-precision copy.
+
+    Autocast casts a trained weight for each forward and autograd keeps that copy until the layer's backward: a second
+    copy of every weight per micro-batch in flight, and one more for the update's shared prefix, whose backward runs
+    last. This saves the fp32 parameter itself (held anyway) and casts it again in the backward. The products are
+    autocast's, in its order (``dx = dy W``, ``dW = dy^T x``, each in the low dtype, cast back), so the outputs and
+    gradients are bit-for-bit autocast's."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+        low = x.to(dtype)
+        ctx.save_for_backward(low, weight)
+        ctx.x_dtype, ctx.has_bias = x.dtype, bias is not None
+        with torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
+            return F.linear(low, weight.to(dtype), None if bias is None else bias.to(dtype))
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        low, weight = ctx.saved_tensors
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = dy2.mm(weight.to(dy.dtype)).view(*dy.shape[:-1], weight.shape[1]).to(ctx.x_dtype)
+        if ctx.needs_input_grad[1]:
+            dw = dy2.t().mm(low.reshape(-1, low.shape[-1])).to(weight.dtype)  # in the weight's layout
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.sum(0).to(weight.dtype)
+        return dx, dw, db, None
+
+
+class LeanLinear(nn.Linear):
+    """``nn.Linear`` whose trained weight, under autocast, goes through :class:`_CastLinear`; otherwise (fp32, no
+    gradient, a frozen weight) its forward is ``F.linear``'s."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and self.weight.requires_grad:
+            for device in ("cpu", "cuda"):
+                if torch.is_autocast_enabled(device) and x.device.type == device:
+                    return _CastLinear.apply(x, self.weight, self.bias, torch.get_autocast_dtype(device))
+        return super().forward(x)
+
+
 class _EmbeddingIntoGrad(torch.autograd.Function):
     """``weight[ids]`` whose backward adds the rows' gradients into ``weight.grad`` in place and returns none."""
 
@@ -168,7 +216,7 @@ class LeanMLP(nn.Module):
         if not torch.is_grad_enabled():
             return self.down_proj(F.silu(g) * u)
         down = self.down_proj
-        if type(down) is nn.Linear and down.bias is None and not _autocast():
+        if type(down) in (nn.Linear, LeanLinear) and down.bias is None and not _autocast():
             return _SwiGLUDown.apply(g, u, down.weight)
         return down(_SwiGLU.apply(g, u))
 
@@ -185,11 +233,14 @@ class LeanEmbedding(nn.Embedding):
 
 def use_lean_layers(model: nn.Module) -> nn.Module:
     """Replace ``model``'s Llama-family RMSNorms and SiLU MLPs with :class:`LeanRMSNorm` and :class:`LeanMLP`
-    (same parameters, same names) and make its plain ``nn.Embedding`` lookups :class:`LeanEmbedding` (the same module,
-    its class changed); returns ``model``. Other modules are left as they are."""
+    (same parameters, same names) and make its plain ``nn.Embedding`` lookups :class:`LeanEmbedding` and its plain
+    ``nn.Linear`` layers :class:`LeanLinear` (the same modules, their class changed); returns ``model``. Other
+    modules are left as they are."""
     for module in model.modules():
         if type(module) is nn.Embedding and module.max_norm is None and not module.scale_grad_by_freq and not module.sparse:
             module.__class__ = LeanEmbedding
+        elif type(module) is nn.Linear:
+            module.__class__ = LeanLinear
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             kind = type(child).__name__
