@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from machine import header, write_result  # noqa: E402
-from update_speed import default_batch  # noqa: E402
+from update_speed import alternate_updates, default_batch  # noqa: E402
 
 
 def _inputs(rows: int, heads: int, groups: int, queries: int, keys: int, dim: int):
@@ -135,14 +135,8 @@ def main() -> int:
               f"{r['kernel_backward_ms']:.2f} ms (error {r['kernel_error']:.1e}), matmul {r['matmul_backward_ms']:.2f} ms "
               f"(error {r['matmul_error']:.1e}): {r['speedup']:.2f}x", flush=True)
 
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for i in range(2 * args.pairs):
-        matmul = (i % 4) in (0, 3)  # ABBA
-        attention.MATMUL_BACKWARD = matmul
-        t = time.perf_counter()
-        learner.update(samples)
-        times[matmul].append(time.perf_counter() - t)
-        print(f"  update {i + 1}: {'matmul' if matmul else 'kernel'} backward {times[matmul][-1]:.2f} s", flush=True)
+    print("updates, True = the matmul backward, False = the kernel's:")
+    times = alternate_updates(learner, samples, args.pairs, lambda matmul: setattr(attention, "MATMUL_BACKWARD", matmul))
     attention.MATMUL_BACKWARD = True
     kernel_s, matmul_s = statistics.median(times[False]), statistics.median(times[True])
     print(f"update: kernel backward {kernel_s:.2f} s, matmul backward {matmul_s:.2f} s (medians of {args.pairs}): "

@@ -31,6 +31,10 @@ state is created then), then ``--updates`` timed ones on the same batch. Arms:
   (``THP_MEM_ALLOC_ENABLE=1`` / ``0`` in the arm's environment: blocks of 2 MB and more are 2 MB-aligned and
   ``madvise(MADV_HUGEPAGE)``d, so a fresh block costs one page fault per 2 MB instead of one per 4 KB). The same
   gradient, bit for bit.
+- ``autocast_linear``: the model's linear layers as plain ``nn.Linear`` under autocast, which keeps a bf16 copy of
+  each weight for the backward, instead of ``turnrl.models.lean.LeanLinear``, which keeps the fp32 weight and casts
+  it again there (only differs in bf16: run with ``model.autocast_bf16=true`` where ``auto`` chooses fp32). The same
+  gradient, bit for bit.
 
 Each arm also reports the minor page faults its timed updates took (``getrusage``'s ``ru_minflt``, per update).
 
@@ -90,6 +94,7 @@ ARMS = {
     "mb2048": ["train.micro_batch_tokens=2048"],
     "thp": [],
     "no_thp": [],
+    "autocast_linear": [],
 }
 #: Arms that differ by the process's environment, read once at start-up (before torch allocates), not by a config key.
 ARM_ENV = {"thp": {"THP_MEM_ALLOC_ENABLE": "1"}, "no_thp": {"THP_MEM_ALLOC_ENABLE": "0"}}
@@ -144,6 +149,21 @@ def default_batch(overrides: list[str], path: Path) -> dict:
             "trained_tokens": sum(sum(s.loss_mask) for s in samples)}
 
 
+def alternate_updates(learner, samples, pairs: int, switch) -> dict[bool, list[float]]:
+    """Seconds of ``2 * pairs`` updates of ``learner`` on ``samples`` in one process, ``switch(True)`` and
+    ``switch(False)`` alternating in ABBA order (True, False, False, True, ...), so drift over the run (the machine's
+    load, the heap) falls on both sides alike. For effects smaller than the noise between processes (about 10% here)."""
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(2 * pairs):
+        side = (i % 4) in (0, 3)
+        switch(side)
+        t = time.perf_counter()
+        learner.update(samples)
+        times[side].append(time.perf_counter() - t)
+        print(f"  update {i + 1}: {side} {times[side][-1]:.2f} s", flush=True)
+    return times
+
+
 def arm(args) -> int:
     """One arm in this process: model (+ its option), learner, a first update whose gradient is saved, timed updates;
     prints one JSON line."""
@@ -163,6 +183,12 @@ def arm(args) -> int:
     samples = [TrainSample(**s) for s in json.loads(Path(args.batch).read_text())]
     tok = load_tokenizer(cfg.model.path)
     model = load_model(cfg.model.path)
+    if args.arm == "autocast_linear":
+        from turnrl.models.lean import LeanLinear
+
+        for module in model.modules():
+            if type(module) is LeanLinear:
+                module.__class__ = torch.nn.Linear
     if cfg.lora.enabled:
         model = with_lora(cfg, model)
     freeze_lower_layers(model, cfg.train.freeze_layers)
