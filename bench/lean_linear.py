@@ -1,7 +1,10 @@
 """Linear layers under bf16 autocast: autocast's ``nn.Linear``, which keeps a bf16 copy of each weight for the
 backward, against ``turnrl.models.lean.LeanLinear``, which keeps the fp32 weight and casts it again there.
 
-The two give the same gradient bit for bit (tests/test_lean_layers.py), so only memory and time are at stake:
+The outputs are the same bit for bit, and so is the gradient of each use of a weight (tests/test_lean_layers.py);
+where one autocast region uses a weight several times (several prompt groups in a micro-batch), autocast adds the
+uses' gradients in bf16 and ``LeanLinear`` in fp32, so the first gradients are compared (equal or not, and their
+largest relative difference). What is at stake is memory and time:
 
 1. **Peak memory.** ``bench/update_speed.py``'s ``full`` arm (the model as turnrl loads it: ``LeanLinear``) and its
    ``autocast_linear`` arm (the layers made plain ``nn.Linear`` again), each in its own process: the learner alone,
@@ -53,9 +56,12 @@ def peak_memory(batch_file: Path, updates: int, threads: int) -> dict[str, dict]
             out[name] = json.loads(run.stdout.strip().splitlines()[-1])
             print(f"{name}: peak RSS {out[name]['peak_rss_gb']:.2f} GB, {out[name]['update_s']:.2f} s per update "
                   "(its own process)", flush=True)
-        same = all(torch.equal(a, b) for a, b in zip(torch.load(f"{tmp}/full.pt").values(),
-                                                      torch.load(f"{tmp}/autocast_linear.pt").values(), strict=True))
-    return {"lean": out["full"], "autocast": out["autocast_linear"], "first_gradients_equal": same}
+        lean, autocast = torch.load(f"{tmp}/full.pt"), torch.load(f"{tmp}/autocast_linear.pt")
+    differ = {n: float((lean[n] - g).norm() / g.norm().clamp_min(1e-30)) for n, g in autocast.items()
+              if not torch.equal(lean[n], g)}
+    return {"lean": out["full"], "autocast": out["autocast_linear"], "first_gradients_equal": not differ,
+            "parameters_differing": len(differ), "parameters": len(autocast),
+            "max_relative_difference": max(differ.values(), default=0.0)}
 
 
 def main() -> int:
@@ -98,14 +104,17 @@ def main() -> int:
     lean_s, autocast_s = statistics.median(times[True]), statistics.median(times[False])
     lean_gb, autocast_gb = memory["lean"]["peak_rss_gb"], memory["autocast"]["peak_rss_gb"]
     print(f"peak RSS: LeanLinear {lean_gb:.2f} GB, nn.Linear {autocast_gb:.2f} GB ({lean_gb / autocast_gb:.2f}x); "
-          f"first gradients equal: {memory['first_gradients_equal']}")
+          f"first gradients: {memory['parameters_differing']} of {memory['parameters']} parameters differ, at most "
+          f"{memory['max_relative_difference']:.1e} relative")
     print(f"update: LeanLinear {lean_s:.2f} s, nn.Linear {autocast_s:.2f} s (medians of {args.pairs}): "
           f"nn.Linear / LeanLinear {autocast_s / lean_s:.3f}")
     fields = {"batch": {"samples": len(samples), "tokens": sum(len(s.input_ids) for s in samples),
                         "micro_batches": metrics["train/micro_batches"], "source": str(batch_file)},
               "threads": args.threads, "linear_layers": len(layers),
               "peak_rss_lean_gb": lean_gb, "peak_rss_autocast_gb": autocast_gb, "peak_rss_ratio": lean_gb / autocast_gb,
-              "first_gradients_equal": memory["first_gradients_equal"], "memory_arms": memory,
+              **{k: memory[k] for k in ("first_gradients_equal", "parameters_differing", "parameters",
+                                        "max_relative_difference")},
+              "memory_arms": {"lean": memory["lean"], "autocast": memory["autocast"]},
               "update_lean_s": times[True], "update_autocast_s": times[False],
               "update_lean_median_s": lean_s, "update_autocast_median_s": autocast_s,
               "autocast_over_lean_time": autocast_s / lean_s}

@@ -34,7 +34,8 @@ state is created then), then ``--updates`` timed ones on the same batch. Arms:
 - ``autocast_linear``: the model's linear layers as plain ``nn.Linear`` under autocast, which keeps a bf16 copy of
   each weight for the backward, instead of ``turnrl.models.lean.LeanLinear``, which keeps the fp32 weight and casts
   it again there (only differs in bf16: run with ``model.autocast_bf16=true`` where ``auto`` chooses fp32). The same
-  gradient, bit for bit.
+  gradient to rounding: a weight used several times in one autocast region gets its uses' gradients added in bf16
+  here, in fp32 by ``LeanLinear``.
 
 Each arm also reports the minor page faults its timed updates took (``getrusage``'s ``ru_minflt``, per update).
 

@@ -216,9 +216,10 @@ def test_the_norm_alone_matches_transformers_in_each_dtype(dtype):
     torch.testing.assert_close(outs[1][2], outs[0][2], **tol)
 
 
-def test_a_bf16_learner_update_through_the_lean_linears_is_autocasts_bit_for_bit(tiny_model):
+def test_a_bf16_learner_update_through_the_lean_linears_gives_autocasts_gradient(tiny_model):
     """A whole update in bf16, several micro-batches and the batch's prefix run once (whose graph lives until the
-    update's end): the lean linears change what the backward keeps, not one bit of the gradient."""
+    update's end): the lean linears change what the backward keeps, and the gradient at most by the order of its
+    bf16 sums (here, one prompt group per micro-batch, not at all)."""
     from tests.test_learner import _samples
     from tests.test_speed_options import _grads
     from turnrl.config import load_config
@@ -234,4 +235,25 @@ def test_a_bf16_learner_update_through_the_lean_linears_is_autocasts_bit_for_bit
     ours, reference = _grads(model, samples, params), _grads(plain, samples, params)
     assert set(ours) == set(reference) and len(ours) > 10
     for name, g in reference.items():
-        assert torch.equal(ours[name], g), name
+        assert (ours[name] - g).norm() <= 1e-2 * g.norm(), name
+    assert sum(torch.equal(ours[n], g) for n, g in reference.items()) >= 0.9 * len(reference)
+
+
+def test_a_weight_used_several_times_under_one_autocast_gets_its_gradients_summed_in_fp32():
+    """Autocast casts a weight once per region, so autograd adds its uses' bf16 gradients in bf16; the lean linear
+    casts each use's gradient and adds in fp32: closer to the exact (fp64) sum."""
+    torch.manual_seed(0)
+    ref = nn.Linear(64, 96, bias=False)
+    lean, exact = copy.deepcopy(ref), copy.deepcopy(ref).double()
+    lean.__class__ = LeanLinear
+    xs, dys = [torch.randn(50, 64) for _ in range(4)], [torch.randn(50, 96) for _ in range(4)]
+    for layer in (ref, lean):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ys = [layer(x) for x in xs]
+        sum((y.float() * d).sum() for y, d in zip(ys, dys)).backward()
+    sum((exact(x.double()) * d.double()).sum() for x, d in zip(xs, dys)).backward()
+
+    def error(layer):
+        return float((layer.weight.grad.double() - exact.weight.grad).norm() / exact.weight.grad.norm())
+
+    assert error(lean) < 0.85 * error(ref)

@@ -33,7 +33,9 @@ embedding.
 Under bf16 autocast every trained ``nn.Linear`` (:class:`LeanLinear`, the same module with its class changed) keeps
 its fp32 weight for the backward rather than the bf16 copy autocast made of it, and casts it again there
 (:class:`_CastLinear`): a micro-batch then holds no copy of the weights, nor does the update's shared prefix, whose
-graph lives until the update's end. Outputs and gradients are bit-for-bit autocast's.
+graph lives until the update's end. Outputs are bit-for-bit autocast's, and so are the gradients, except that a
+weight used several times under one autocast region gets its uses' gradients added in fp32 where autocast adds them
+in bf16 (closer to the exact sum).
 
 Only the modules whose forward is known to be exactly this are replaced (:data:`NORMS`, :data:`MLPS`: Llama,
 Mistral, Qwen2, Qwen3); others (Gemma's ``1 + weight`` norm, a GELU MLP) keep transformers' own. The replacements
@@ -122,8 +124,11 @@ class _CastLinear(torch.autograd.Function):
     Autocast casts a trained weight for each forward and autograd keeps that copy until the layer's backward: a second
     copy of every weight per micro-batch in flight, and one more for the update's shared prefix, whose backward runs
     last. This saves the fp32 parameter itself (held anyway) and casts it again in the backward. The products are
-    autocast's, in its order (``dx = dy W``, ``dW = dy^T x``, each in the low dtype, cast back), so the outputs and
-    gradients are bit-for-bit autocast's."""
+    autocast's, in its order (``dx = dy W``, ``dW = dy^T x``, each in the low dtype, cast back), so the outputs are
+    autocast's and so is the gradient of a weight used once under one autocast region, bit for bit. A weight used
+    several times in one region (the learner's prompt groups within a micro-batch) differs: autocast casts it once,
+    so autograd adds the uses' bf16 gradients in bf16 before the cast; here each use's gradient is cast, then added
+    in fp32, which is closer to the exact sum (tested)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
