@@ -19,10 +19,7 @@ The batch is the default recipe's step-0 batch (``bench/update_speed.py``'s ``de
 
 from __future__ import annotations
 
-import argparse
 import collections
-import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -34,8 +31,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from machine import header, write_result  # noqa: E402
-from update_speed import alternate_updates, default_batch  # noqa: E402
+from machine import write_result  # noqa: E402
+from update_speed import alternate_updates, alternating_parser, parse_alternating, still_learner  # noqa: E402
 
 
 def _inputs(rows: int, heads: int, groups: int, queries: int, keys: int, dim: int):
@@ -85,32 +82,17 @@ def per_shape(shape: tuple[int, ...], repeats: int = 15) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--keep-batch", metavar="PATH", help="reuse the samples saved at PATH (collect them there if missing)")
-    ap.add_argument("--pairs", type=int, default=4, help="pairs of timed updates, ABBA order (default 4)")
+    ap = alternating_parser(__doc__)
     ap.add_argument("--shapes", type=int, default=6, help="the most frequent attention shapes timed alone (default 6)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--no-write", action="store_true")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    head = header()
+    args, head = parse_alternating(ap)
 
-    from turnrl.config import load_config
-    from turnrl.learner import Learner, LearnerParams
-    from turnrl.models import attention, load_model, load_tokenizer
-    from turnrl.types import TrainSample
+    from turnrl.models import attention
 
     batch_file = Path(args.keep_batch or "/tmp/attention_backward_batch.json")
-    if not batch_file.exists():
-        default_batch([], batch_file)
-    samples = [TrainSample(**s) for s in json.loads(batch_file.read_text())]
-    cfg = load_config(ROOT / "configs" / "default.yaml")
-    params = dataclasses.replace(LearnerParams.from_config(cfg), lr=0.0)
-    if not params.autocast_bf16:
+    learner, samples = still_learner(batch_file, [])
+    if not learner.params.autocast_bf16:
         raise SystemExit("model.autocast_bf16=auto chose fp32 on this CPU: the learner keeps torch's kernel there, "
                          "so there is nothing to compare (run on a CPU with bf16 units)")
-    tok, model = load_tokenizer(cfg.model.path), load_model(cfg.model.path)
-    learner = Learner(model, params, pad_id=tok.pad_token_id)
 
     seen: collections.Counter = collections.Counter()
     sdpa = F.scaled_dot_product_attention

@@ -23,8 +23,6 @@ layer is ``nn.Linear``'s and there is no copy). The batch is the default recipe'
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import statistics
 import subprocess
@@ -37,8 +35,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from machine import header, write_result  # noqa: E402
-from update_speed import alternate_updates, default_batch  # noqa: E402
+from machine import write_result  # noqa: E402
+from update_speed import (  # noqa: E402
+    alternate_updates, alternating_parser, default_batch, parse_alternating, still_learner)
 
 BF16 = ["model.autocast_bf16=true"]
 
@@ -65,33 +64,18 @@ def peak_memory(batch_file: Path, updates: int, threads: int) -> dict[str, dict]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--keep-batch", metavar="PATH", help="reuse the samples saved at PATH (collect them there if missing)")
-    ap.add_argument("--pairs", type=int, default=4, help="pairs of timed updates, ABBA order (default 4)")
+    ap = alternating_parser(__doc__)
     ap.add_argument("--updates", type=int, default=2, help="updates after the first in each memory arm (default 2)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--no-write", action="store_true")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    head = header()
+    args, head = parse_alternating(ap)
 
-    from turnrl.config import load_config
-    from turnrl.learner import Learner, LearnerParams
-    from turnrl.models import load_model, load_tokenizer
     from turnrl.models.lean import LeanLinear
-    from turnrl.types import TrainSample
 
     batch_file = Path(args.keep_batch or "/tmp/lean_linear_batch.json")
     if not batch_file.exists():
         default_batch(BF16, batch_file)
     memory = peak_memory(batch_file, args.updates, args.threads)
-
-    samples = [TrainSample(**s) for s in json.loads(batch_file.read_text())]
-    cfg = load_config(ROOT / "configs" / "default.yaml", BF16)
-    params = dataclasses.replace(LearnerParams.from_config(cfg), lr=0.0)
-    tok, model = load_tokenizer(cfg.model.path), load_model(cfg.model.path)
-    layers = [m for m in model.modules() if type(m) is LeanLinear]
-    learner = Learner(model, params, pad_id=tok.pad_token_id)
+    learner, samples = still_learner(batch_file, BF16)
+    layers = [m for m in learner.model.modules() if type(m) is LeanLinear]
     metrics = learner.update(samples)  # warm-up: kernels built per shape, AdamW state created
 
     def switch(lean: bool) -> None:

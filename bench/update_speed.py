@@ -75,7 +75,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from machine import write_result  # noqa: E402
+from machine import header, write_result  # noqa: E402
 
 SMOKE = ["rollout.tasks_per_step=1", "rollout.group_size=4"]
 ARMS = {
@@ -148,6 +148,44 @@ def default_batch(overrides: list[str], path: Path) -> dict:
     path.write_text(json.dumps([dataclasses.asdict(s) for s in samples]))
     return {"samples": len(samples), "tokens": sum(len(s) for s in samples),
             "trained_tokens": sum(sum(s.loss_mask) for s in samples)}
+
+
+def alternating_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every in-process alternating comparison takes: the batch file, pairs, threads, ``--no-write``."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--keep-batch", metavar="PATH", help="reuse the samples saved at PATH (collect them there if missing)")
+    ap.add_argument("--pairs", type=int, default=4, help="pairs of timed updates, ABBA order (default 4)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-write", action="store_true")
+    return ap
+
+
+def parse_alternating(ap: argparse.ArgumentParser) -> tuple[argparse.Namespace, dict]:
+    """``ap``'s arguments, torch's threads set from them, and the machine's header for the result file (measured
+    now, before any model is loaded)."""
+    import torch
+
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    return args, header()
+
+
+def still_learner(batch_file: Path, overrides: list[str]):
+    """The default recipe's learner (with ``overrides``) at lr 0, so its weights stay across updates, and the samples
+    at ``batch_file`` (the default recipe's step-0 batch collected there first if the file is missing): for timing
+    updates against each other in one process. Returns ``(learner, samples)``; ``learner.model`` is the model."""
+    from turnrl.config import load_config
+    from turnrl.learner import Learner, LearnerParams
+    from turnrl.models import load_model, load_tokenizer
+    from turnrl.types import TrainSample
+
+    if not batch_file.exists():
+        default_batch(overrides, batch_file)
+    samples = [TrainSample(**s) for s in json.loads(batch_file.read_text())]
+    cfg = load_config(ROOT / "configs" / "default.yaml", overrides)
+    params = dataclasses.replace(LearnerParams.from_config(cfg), lr=0.0)
+    tok, model = load_tokenizer(cfg.model.path), load_model(cfg.model.path)
+    return Learner(model, params, pad_id=tok.pad_token_id), samples
 
 
 def alternate_updates(learner, samples, pairs: int, switch) -> dict[bool, list[float]]:
