@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from machine import write_result  # noqa: E402
 from update_speed import (  # noqa: E402
-    alternate_updates, alternating_parser, default_batch, parse_alternating, still_learner)
+    alternate_updates, alternating_parser, ensure_batch, parse_alternating, still_learner)
 
 BF16 = ["model.autocast_bf16=true"]
 
@@ -71,9 +71,7 @@ def main() -> int:
     from turnrl.models.lean import LeanLinear
 
     batch_file = Path(args.keep_batch or "/tmp/lean_linear_batch.json")
-    if not batch_file.exists():
-        default_batch(BF16, batch_file)
-    memory = peak_memory(batch_file, args.updates, args.threads)
+    memory = peak_memory(ensure_batch(batch_file, BF16), args.updates, args.threads)
     learner, samples = still_learner(batch_file, BF16)
     layers = [m for m in learner.model.modules() if type(m) is LeanLinear]
     metrics = learner.update(samples)  # warm-up: kernels built per shape, AdamW state created

@@ -170,6 +170,13 @@ def parse_alternating(ap: argparse.ArgumentParser) -> tuple[argparse.Namespace, 
     return args, header()
 
 
+def ensure_batch(batch_file: Path, overrides: list[str]) -> Path:
+    """``batch_file``, holding the default recipe's step-0 batch (with ``overrides``), collected there if missing."""
+    if not batch_file.exists():
+        default_batch(overrides, batch_file)
+    return batch_file
+
+
 def still_learner(batch_file: Path, overrides: list[str]):
     """The default recipe's learner (with ``overrides``) at lr 0, so its weights stay across updates, and the samples
     at ``batch_file`` (the default recipe's step-0 batch collected there first if the file is missing): for timing
@@ -179,9 +186,7 @@ def still_learner(batch_file: Path, overrides: list[str]):
     from turnrl.models import load_model, load_tokenizer
     from turnrl.types import TrainSample
 
-    if not batch_file.exists():
-        default_batch(overrides, batch_file)
-    samples = [TrainSample(**s) for s in json.loads(batch_file.read_text())]
+    samples = [TrainSample(**s) for s in json.loads(ensure_batch(batch_file, overrides).read_text())]
     cfg = load_config(ROOT / "configs" / "default.yaml", overrides)
     params = dataclasses.replace(LearnerParams.from_config(cfg), lr=0.0)
     tok, model = load_tokenizer(cfg.model.path), load_model(cfg.model.path)

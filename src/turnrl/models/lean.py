@@ -135,8 +135,7 @@ class _CastLinear(torch.autograd.Function):
         low = x.to(dtype)
         ctx.save_for_backward(low, weight)
         ctx.x_dtype, ctx.has_bias = x.dtype, bias is not None
-        with torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
-            return F.linear(low, weight.to(dtype), None if bias is None else bias.to(dtype))
+        return F.linear(low, weight.to(dtype), None if bias is None else bias.to(dtype))  # autocast has nothing to cast
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
@@ -157,10 +156,10 @@ class LeanLinear(nn.Linear):
     gradient, a frozen weight) its forward is ``F.linear``'s."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and self.weight.requires_grad:
-            for device in ("cpu", "cuda"):
-                if torch.is_autocast_enabled(device) and x.device.type == device:
-                    return _CastLinear.apply(x, self.weight, self.bias, torch.get_autocast_dtype(device))
+        device = x.device.type
+        if (torch.is_grad_enabled() and self.weight.requires_grad and device in ("cpu", "cuda")
+                and torch.is_autocast_enabled(device)):
+            return _CastLinear.apply(x, self.weight, self.bias, torch.get_autocast_dtype(device))
         return super().forward(x)
 
 
