@@ -442,6 +442,8 @@ def main() -> None:
     parser.add_argument("--league", nargs="*", choices=["rule", "oracle"], default=[],
                         help="self-play arm: scripted members kept in the pool beside the base model and the 2 newest "
                         "snapshots (multiagent.league; rule: one object from the largest heap, always legal)")
+    parser.add_argument("--no-write", action="store_true", help="print the measurements, leave bench/results/multiagent.json "
+                        "as it is")
     args = parser.parse_args()
     budget = {**BUDGETS["smoke" if args.smoke else "full"], "digits": args.digits, "doors": args.doors, "sft": args.sft,
               "seeds": args.seeds, "league": args.league, "hier_side": args.hier_side, "hier_dir": args.hier_dir, "eval_every": args.eval_every,
@@ -457,6 +459,9 @@ def main() -> None:
         for arm in args.arms:
             measured |= ARMS[arm](budget, tmp, extra, rng)
     if not measured:  # one hierarchy side only: its curve is in --hier-dir
+        return
+    if args.no_write:
+        print(json.dumps(fields | measured, indent=1, default=str))
         return
     path = merge_result("multiagent", fields | measured | {"wall_s": time.perf_counter() - t0})
     print(f"wrote {path}")
