@@ -12,6 +12,7 @@ from turnrl.engines import SamplingParams
 from turnrl.engines.base import Completion
 from turnrl.envs import make
 from turnrl.learner import build_samples
+from turnrl.monitor.metrics import credit_metrics
 from turnrl.rollout.multiagent import MultiAgentCollector
 from turnrl.rollout.selfplay import Elo, SelfPlay, expected_score
 from turnrl.types import Advantages, Termination, Trajectory, TrajectoryGroup, Turn
@@ -315,3 +316,20 @@ def test_a_failing_env_ends_every_role_of_its_episode_and_nothing_else(tokenizer
     assert all(t.termination == Termination.ENV_ERROR and "boom" in t.error for t in failed)  # speaker and listener
     assert failed[1].turns[0].valid is False
     assert all(t.termination == Termination.TERMINATED and t.success for t in fine)
+
+
+def test_counterfactual_coverage_counts_turns_with_company():
+    # listeners: two heard "A" and entered the same code, one heard "B"; speakers: every message worded differently
+    listeners = [_traj("listener", 0.0, 1.0, ["A"], "ENTER 1"), _traj("listener", 0.0, 0.0, ["A"], "ENTER 1"),
+                 _traj("listener", 0.0, 0.0, ["B"], "ENTER 2")]
+    speakers = [_traj("speaker", 0.0, team, ["codes"], f"SAY {i}") for i, team in enumerate((1.0, 0.0, 0.0))]
+    groups = [TrajectoryGroup("x", 0, listeners), TrajectoryGroup("x", 0, speakers)]
+    m = credit_metrics(groups, get_estimator("counterfactual")(groups, CreditParams()))
+    assert m["credit/shared_state_turns"] == pytest.approx(5 / 6)  # all three speakers faced "codes"; two listeners "A"
+    assert m["credit/shared_action_turns"] == pytest.approx(2 / 6)  # only the two "A" listeners acted alike
+    # with no copy sharing an action, counterfactual is team_grpo exactly (the case these metrics flag)
+    group = [TrajectoryGroup("x", 0, speakers)]
+    cf, team = get_estimator("counterfactual")(group, CreditParams()), get_estimator("team_grpo")(group, CreditParams())
+    assert np.allclose(cf.turns, team.turns)
+    single = TrajectoryGroup("x", 0, [Trajectory("x", 0, [Turn([1], [2], [0.0], "o", "r")])] * 2)
+    assert "credit/shared_state_turns" not in credit_metrics([single], Advantages([[0.0], [0.0]]))

@@ -105,8 +105,9 @@ def _action(turn: Turn) -> str:
     return "\n".join(turn.actions) if turn.actions else "text:" + turn.response_text
 
 
-def _baselined(trajs: Sequence[Trajectory], t: np.ndarray, scale: float) -> list[list[float]]:
-    """``A_{i,t}`` of :func:`counterfactual` for one group with team returns ``t``."""
+def _who_faced(trajs: Sequence[Trajectory]) -> tuple[dict[str, set[int]], dict[tuple[str, str], set[int]]]:
+    """``J(s)`` for every anchor ``s`` of the group's turns, and ``K(s, u)`` for every anchor and action taken there
+    (the members' indices)."""
     holders: dict[str, set[int]] = {}
     takers: dict[tuple[str, str], set[int]] = {}
     for j, traj in enumerate(trajs):
@@ -114,6 +115,37 @@ def _baselined(trajs: Sequence[Trajectory], t: np.ndarray, scale: float) -> list
             if turn.anchor is not None:
                 holders.setdefault(turn.anchor, set()).add(j)
                 takers.setdefault((turn.anchor, _action(turn)), set()).add(j)
+    return holders, takers
+
+
+def counterfactual_coverage(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    """How much of a multi-agent batch :func:`counterfactual` can tell apart from :func:`team_grpo`.
+
+    ``credit/shared_state_turns``: the share of anchored turns whose state another copy in the group also faced
+    (``|J(s)| >= 2``: a state baseline; otherwise the group mean). ``credit/shared_action_turns``: the share whose
+    action at that state another copy also took (``|K(s, u)| >= 2``: a Q averaged over other episodes' luck;
+    otherwise the turn's own team return). Where both are near 0 (every message worded differently, say),
+    the counterfactual advantage is the shared team reward's. Empty for a batch without team returns (single-agent).
+    """
+    anchored = shared_state = shared_action = 0
+    for g in groups:
+        if not g.trajectories or any(t.team_return is None for t in g.trajectories):
+            return {}
+        holders, takers = _who_faced(g.trajectories)
+        for traj in g.trajectories:
+            for turn in traj.turns:
+                if turn.anchor is not None:
+                    anchored += 1
+                    shared_state += len(holders[turn.anchor]) >= 2
+                    shared_action += len(takers[(turn.anchor, _action(turn))]) >= 2
+    if not anchored:
+        return {}
+    return {"credit/shared_state_turns": shared_state / anchored, "credit/shared_action_turns": shared_action / anchored}
+
+
+def _baselined(trajs: Sequence[Trajectory], t: np.ndarray, scale: float) -> list[list[float]]:
+    """``A_{i,t}`` of :func:`counterfactual` for one group with team returns ``t``."""
+    holders, takers = _who_faced(trajs)
     rows = []
     for i, traj in enumerate(trajs):
         row = []

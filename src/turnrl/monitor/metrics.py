@@ -11,6 +11,7 @@ import numpy as np
 
 from turnrl.credit import group_counts
 from turnrl.credit.base import is_env_error
+from turnrl.credit.multiagent import counterfactual_coverage
 from turnrl.rollout import RolloutStats
 from turnrl.types import Advantages, Termination, TrainSample, TrajectoryGroup
 
@@ -91,8 +92,9 @@ def eval_metrics(groups: list[TrajectoryGroup], seconds: float) -> dict[str, flo
 
 
 def credit_metrics(groups: list[TrajectoryGroup], advantages: Advantages) -> dict[str, float]:
-    """Advantage statistics over the trajectories credit used (env errors are out of it, with advantage 0), and what
-    group-relative credit could not use: singleton groups and env-error trajectories."""
+    """Advantage statistics over the trajectories credit used (env errors are out of it, with advantage 0), what
+    group-relative credit could not use (singleton groups and env-error trajectories) and, on multi-agent batches,
+    how many turns a counterfactual baseline can compare (:func:`~turnrl.credit.multiagent.counterfactual_coverage`)."""
     trajs = [t for g in groups for t in g.trajectories]
     values = advantages.rows([i for i, t in enumerate(trajs) if not is_env_error(t)]).values()
     counts = group_counts(groups)
@@ -101,7 +103,7 @@ def credit_metrics(groups: list[TrajectoryGroup], advantages: Advantages) -> dic
         "train/advantage_std": float(np.std(values)) if values else 0.0,
         "credit/singleton_groups": float(counts.singleton_groups),
         "credit/env_error_trajectories": float(counts.env_error_trajectories),
-    }
+    } | counterfactual_coverage(groups)
 
 
 def step_metrics(samples: list[TrainSample], stats: RolloutStats, t_rollout: float, t_train: float,
