@@ -327,7 +327,8 @@ def test_counterfactual_coverage_counts_turns_with_company():
     m = credit_metrics(groups, get_estimator("counterfactual")(groups, CreditParams()))
     assert m["credit/shared_state_turns"] == pytest.approx(5 / 6)  # all three speakers faced "codes"; two listeners "A"
     assert m["credit/shared_action_turns"] == pytest.approx(2 / 6)  # only the two "A" listeners acted alike
-    # with no copy sharing an action, counterfactual is team_grpo exactly (the case these metrics flag)
+    # every copy faced one state (the baseline is the group mean) and no two acted alike (Q is the turn's own return):
+    # counterfactual is then team_grpo exactly, the case a low shared_action_turns flags
     group = [TrajectoryGroup("x", 0, speakers)]
     cf, team = get_estimator("counterfactual")(group, CreditParams()), get_estimator("team_grpo")(group, CreditParams())
     assert np.allclose(cf.turns, team.turns)

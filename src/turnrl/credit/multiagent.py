@@ -124,8 +124,9 @@ def counterfactual_coverage(groups: Sequence[TrajectoryGroup]) -> dict[str, floa
     ``credit/shared_state_turns``: the share of anchored turns whose state another copy in the group also faced
     (``|J(s)| >= 2``: a state baseline; otherwise the group mean). ``credit/shared_action_turns``: the share whose
     action at that state another copy also took (``|K(s, u)| >= 2``: a Q averaged over other episodes' luck;
-    otherwise the turn's own team return). Where both are near 0 (every message worded differently, say),
-    the counterfactual advantage is the shared team reward's. Empty for a batch without team returns (single-agent).
+    otherwise the turn's own team return). A turn with neither gets the shared team reward's advantage, and so does
+    one whose state every copy faced but whose action none shared (every message worded differently, say). Empty for
+    a batch without team returns (single-agent).
     """
     anchored = shared_state = shared_action = 0
     for g in groups:
